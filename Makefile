@@ -1,0 +1,39 @@
+# ckpt-sidecar: `make run` starts the daemon on the defaults, `make test` runs every check.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck unit venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
+	touch node_modules/.installed
+
+run: $(STAMP)
+	mkdir -p checkpoints
+	$(BIN)/ckpt-sidecar run
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) $(if $(wildcard package.json),node_modules/.installed)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	PATH="$(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) node_modules .ckpt-remote

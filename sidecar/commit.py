@@ -1,0 +1,241 @@
+"""Committing one checkpoint: choose the generation, upload or copy every file, then write
+the manifest last (create-only), then ``LATEST``, then apply retention.
+
+Invariants kept here (DESIGN.md "Contracts"): a manifest names only objects whose upload
+finished with the recorded size and CRC32C; nothing is written over a key a live manifest
+names (a name committed with other content gets the next generation); a create-only
+conflict is compared, never assumed; a checkpoint is reported committed only when its own
+manifest is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import structlog
+
+from sidecar import __version__
+from sidecar.catalog import Catalog
+from sidecar.manifest import (
+    LATEST_KEY,
+    Manifest,
+    ManifestError,
+    ManifestFile,
+    object_base,
+    parse,
+    rfc3339,
+)
+from sidecar.metrics import Metrics
+from sidecar.model import CheckpointReady
+from sidecar.retention import Retention
+from sidecar.state import StateCache
+from sidecar.storage.base import AlreadyExists, Backend, NotFound
+from sidecar.storage.checksum import crc32c_of_file
+from sidecar.upload.pool import FileJob, UploaderPool
+from sidecar.upload.retry import Backoff, retry
+from sidecar.watch.scan import state_of
+
+__all__ = ["Committer", "Outcome"]
+
+log = structlog.get_logger("sidecar.commit")
+_MAX_CONFLICTS = 5
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    ALREADY = "already_committed"
+
+
+class Committer:
+    """Runs on the daemon's single commit thread; raises what the pool raises."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        catalog: Catalog,
+        pool: UploaderPool,
+        cache: StateCache,
+        retention: Retention,
+        metrics: Metrics,
+        backoff: Backoff,
+        stop: threading.Event,
+    ) -> None:
+        self.backend = backend
+        self.catalog = catalog
+        self.pool = pool
+        self.cache = cache
+        self.retention = retention
+        self.metrics = metrics
+        self.backoff = backoff
+        self.stop = stop
+        self.host = socket.gethostname()
+
+    def _crc(self, p: Path) -> str:
+        st = state_of(os.lstat(p))
+        cached = self.cache.get(p, st)
+        if cached is not None:
+            return cached
+        crc = crc32c_of_file(p)
+        self.cache.put(p, st, crc)
+        return crc
+
+    def matches(self, item: CheckpointReady, m: Manifest) -> bool:
+        """Do the local files equal what ``m`` records (sizes, then CRC32C from cache or a read)?"""
+        recorded = {f.path: f for f in m.files}
+        local = {self._path_in_manifest(item, f.rel): f for f in item.files}
+        if set(recorded) != set(local) or m.is_dir != item.is_dir:
+            return False
+        if any(recorded[p].size != f.state.size for p, f in local.items()):
+            return False
+        return all(self._crc(f.path) == recorded[p].crc32c for p, f in local.items())
+
+    @staticmethod
+    def _path_in_manifest(item: CheckpointReady, rel: str) -> str:
+        return rel if item.is_dir else item.name
+
+    def commit(self, item: CheckpointReady, cancel: threading.Event) -> Outcome:
+        prev = self.catalog.latest_for(item.name)
+        if prev is not None and self.matches(item, prev):
+            for f in item.files:
+                self.cache.put(f.path, f.state, self._crc(f.path))
+            log.info(
+                "checkpoint.already_committed", checkpoint=item.name, generation=prev.generation
+            )
+            return Outcome.ALREADY
+        generation = 0 if prev is None else prev.generation + 1
+        for _ in range(_MAX_CONFLICTS):
+            outcome = self._commit_generation(item, generation, cancel)
+            if outcome is not None:
+                return outcome
+            generation += 1
+        raise RuntimeError(f"{item.name}: {_MAX_CONFLICTS} manifest conflicts in a row")
+
+    def _commit_generation(
+        self, item: CheckpointReady, generation: int, cancel: threading.Event
+    ) -> Outcome | None:
+        base = object_base(item.name, generation)
+        newest = self.catalog.newest()
+        refs = {f.path: f for f in newest.files} if newest else {}
+        jobs = []
+        for f in item.files:
+            path = self._path_in_manifest(item, f.rel)
+            key = f"{base}/{f.rel}" if item.is_dir else base
+            jobs.append(FileJob(f, key, refs.get(path)))
+        results = self.pool.upload_files(jobs, cancel)
+        by_rel = {r.rel: r for r in results}
+        files = tuple(
+            sorted(
+                (
+                    ManifestFile(
+                        self._path_in_manifest(item, f.rel),
+                        by_rel[f.rel].key,
+                        by_rel[f.rel].size,
+                        by_rel[f.rel].crc32c,
+                    )
+                    for f in item.files
+                ),
+                key=lambda mf: mf.path,
+            )
+        )
+        top = self.catalog.newest()
+        if (
+            item.step is not None
+            and top is not None
+            and top.step is not None
+            and item.step < top.step
+        ):
+            log.warning(
+                "checkpoint.step_lower_than_committed",
+                checkpoint=item.name,
+                step=item.step,
+                newest_step=top.step,
+                hint="a new run in an old destination? retention orders by (step, sequence)",
+            )
+        manifest = Manifest(
+            name=item.name,
+            generation=generation,
+            layout=item.layout,
+            is_dir=item.is_dir,
+            step=item.step,
+            sequence=self.catalog.next_sequence(),
+            completed_at=rfc3339(item.completed_at),
+            committed_at=rfc3339(time.time()),
+            host=self.host,
+            sidecar_version=__version__,
+            files=files,
+        )
+        try:
+            retry(
+                lambda: self.backend.put_bytes(manifest.key, manifest.to_json(), create_only=True),
+                self.backoff,
+                wait=self.stop.wait,
+            )
+        except AlreadyExists:
+            existing = self._read_existing(manifest.key)
+            if existing is not None and existing.same_content(manifest):
+                self.catalog.add(existing)
+                log.info(
+                    "checkpoint.already_committed", checkpoint=item.name, generation=generation
+                )
+                return Outcome.ALREADY
+            self.metrics.conflicts.inc()
+            log.warning(
+                "checkpoint.manifest_conflict",
+                checkpoint=item.name,
+                generation=generation,
+                manifest=manifest.key,
+                action="next generation",
+            )
+            if existing is not None:
+                self.catalog.add(existing)
+            return None
+        self.catalog.add(manifest)
+        self._after_commit(item, manifest, results_copied=sum(r.copied for r in results))
+        return Outcome.COMMITTED
+
+    def _read_existing(self, key: str) -> Manifest | None:
+        try:
+            return parse(self.backend.get_bytes(key), where=key)
+        except (NotFound, ManifestError) as e:
+            log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
+            return None
+
+    def _after_commit(self, item: CheckpointReady, m: Manifest, results_copied: int) -> None:
+        latency = time.monotonic() - item.completed_mono
+        self.metrics.commit_latency.observe(latency)
+        self.metrics.committed.inc()
+        newest = self.catalog.newest()
+        if newest is not None and newest.step is not None:
+            self.metrics.last_step.set(newest.step)
+        self.metrics.last_commit_time.set(time.time())
+        log.info(
+            "checkpoint.committed",
+            checkpoint=item.name,
+            generation=m.generation,
+            step=m.step,
+            files=len(m.files),
+            bytes=m.size,
+            copied_files=results_copied,
+            seconds=round(latency, 3),
+            manifest=m.key,
+        )
+        pointer = {
+            "name": m.name,
+            "generation": m.generation,
+            "manifest": m.key,
+            "step": m.step,
+            "sequence": m.sequence,
+            "committed_at": m.committed_at,
+        }
+        try:
+            self.backend.put_bytes(LATEST_KEY, json.dumps(pointer).encode())
+        except Exception as e:  # the pointer is a convenience; restore never trusts it alone
+            log.warning("checkpoint.latest_pointer_failed", error=str(e))
+        self.cache.save()
+        self.retention.apply(self.catalog)

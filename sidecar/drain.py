@@ -1,0 +1,168 @@
+"""The drain: on a notice, tell the trainer, put the newest checkpoint first, lift caps,
+wait until it is durable or the deadline passes, and report the outcome.
+
+Guarantees: one notice is handled once (by event id); only checkpoints not yet started are
+superseded, and a started one is cancelled only when it is not the one the drain chose;
+``exit_code`` is 0 when the newest complete checkpoint is durable at the end, 4 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from sidecar.manifest import rfc3339
+from sidecar.model import CheckpointReady, EntryKind, Notice
+
+if TYPE_CHECKING:
+    from sidecar.app import Daemon
+
+__all__ = ["NOTICE_FILE", "DrainController"]
+
+log = structlog.get_logger("sidecar.drain")
+NOTICE_FILE = ".ckpt-sidecar-notice.json"
+
+
+def _age(i: CheckpointReady) -> tuple[int, float]:
+    return (i.step if i.step is not None else -1, i.completed_mono)
+
+
+class DrainController:
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.state = "running"
+        self.notice: Notice | None = None
+        self.exit_code = 0
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self.outcome: dict[str, Any] | None = None
+
+    def notice_json(self) -> dict[str, str] | None:
+        n = self.notice
+        if n is None:
+            return None
+        return {
+            "source": n.source,
+            "kind": n.kind,
+            "deadline": rfc3339(n.deadline),
+            "received_at": rfc3339(n.received_at),
+        }
+
+    def _tell_trainer(self) -> None:
+        root = self.d.cfg.watch.path
+        data = json.dumps(self.notice_json()).encode()
+        tmp = root / f"{NOTICE_FILE}.ckpt-sidecar-tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, root / NOTICE_FILE)
+        except OSError as e:
+            log.error("drain.notice_file_failed", path=str(root / NOTICE_FILE), error=str(e))
+        cfg = self.d.cfg.preemption
+        if cfg.notify_signal and cfg.notify_pid_file:
+            try:
+                pid = int(cfg.notify_pid_file.read_text().strip())
+                os.kill(pid, signal.Signals[cfg.notify_signal.upper()])
+                log.info("drain.trainer_signalled", pid=pid, signal=cfg.notify_signal)
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("drain.trainer_signal_failed", error=str(e))
+
+    def start(self, notice: Notice, *, exit_after: bool) -> None:
+        with self._lock:
+            if notice.event_id in self._seen:
+                return
+            self._seen.add(notice.event_id)
+            self.d.metrics.notices.labels(notice.source, notice.kind).inc()
+            if not notice.drain:
+                log.info("preemption.early_warning", source=notice.source, kind=notice.kind)
+                self.d.limiter.lift()
+                return
+            first = self.state == "running"
+            if self.notice is None or notice.deadline_mono < self.notice.deadline_mono:
+                self.notice = notice
+            self.state = "draining"
+        log.warning(
+            "drain.started",
+            source=notice.source,
+            kind=notice.kind,
+            deadline=rfc3339(notice.deadline),
+            seconds_left=round(notice.deadline_mono - time.monotonic(), 1),
+        )
+        if first:
+            self._tell_trainer()
+        self.d.limiter.lift()
+        self._reprioritise()
+        self._wait_and_report(exit_after)
+
+    def _reprioritise(self, arrived: CheckpointReady | None = None) -> None:
+        for old in self.d.queue.supersede_all_but_newest():
+            self.d.metrics.superseded.inc()
+            log.info("checkpoint.superseded", checkpoint=old.name, reason="drain")
+        chosen = self.d.queue.newest()
+        with self.d.lock:
+            current, cancel = self.d.current, self.d.current_cancel
+        if current is not None and chosen is not None and _age(chosen) > _age(current):
+            log.warning("drain.cancel_older", checkpoint=current.name, chosen=chosen.name)
+            cancel.set()
+
+    def on_ready(self, item: CheckpointReady) -> None:
+        if self.state == "draining" and item.kind is EntryKind.CHECKPOINT:
+            log.warning("drain.emergency_checkpoint", checkpoint=item.name)
+            self._reprioritise(item)
+        self.after_item()
+
+    def after_item(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _idle(self) -> bool:
+        n, _, _ = self.d.queue.depth()
+        with self.d.lock:
+            return n == 0 and self.d.current is None and not self.d.pending
+
+    def _wait_and_report(self, exit_after: bool) -> None:
+        assert self.notice is not None
+        started = time.monotonic()
+        deadline = self.notice.deadline_mono
+        settle = self.d.cfg.watch.settle_seconds
+        self.d.watcher.rescan()
+        quiet_since: float | None = None
+        with self._changed:
+            while time.monotonic() < deadline:
+                if self._idle():
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since >= min(settle, 1.0) + 0.2:
+                        break
+                else:
+                    quiet_since = None
+                self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
+                self._changed.wait(0.1)
+        with self.d.lock:
+            missing = sorted(self.d.pending)
+        durable = not missing
+        outcome = "committed" if durable else "missed"
+        used = time.monotonic() - started
+        self.d.metrics.drains.labels(outcome).inc()
+        self.d.metrics.drain_seconds.observe(used)
+        last = self.d.last_committed
+        self.outcome = {
+            "outcome": outcome,
+            "seconds": round(used, 3),
+            "margin_seconds": round(deadline - time.monotonic(), 3),
+            "last_committed": last,
+            "not_durable": missing,
+        }
+        log_fn = log.info if durable else log.error
+        log_fn("drain.done", **self.outcome)
+        self.exit_code = 0 if durable else 4
+        if exit_after:
+            self.d.request_stop()

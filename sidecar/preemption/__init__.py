@@ -1,0 +1,1 @@
+"""Termination-notice sources: one protocol, one small poll per source, one loop."""

@@ -1,0 +1,250 @@
+"""Restore, list and verify: bring back the newest committed checkpoint that verifies.
+
+:func:`restore` downloads into ``DIR/.ckpt-sidecar-restore-<id>/`` (same file system), checks
+every object's size and CRC32C against the manifest, then renames the entry into place
+(plus the layout's pointer file, e.g. DeepSpeed's ``latest``). A checkpoint that fails is
+reported with the object that failed and the next older one is tried. Keys that would
+escape ``DIR`` are refused by the manifest parser. Raises :class:`NothingToRestore`,
+:class:`NoneVerifies` or :class:`TargetExists`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from sidecar.catalog import Catalog
+from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
+from sidecar.model import FileState
+from sidecar.state import StateCache
+from sidecar.storage.base import Backend, NotFound, StorageError
+from sidecar.storage.keys import safe_relative
+from sidecar.watch.scan import state_of
+
+__all__ = [
+    "NoneVerifies",
+    "NothingToRestore",
+    "RestoreResult",
+    "TargetExists",
+    "VerifyFailed",
+    "restore",
+    "verify_manifest",
+]
+
+log = structlog.get_logger("sidecar.restore")
+WORK_PREFIX = ".ckpt-sidecar-restore-"
+
+
+class NothingToRestore(Exception):
+    """The destination holds no committed checkpoint (exit 3)."""
+
+
+class NoneVerifies(Exception):
+    """Manifests exist but none verifies (exit 1)."""
+
+
+class TargetExists(Exception):
+    """The entry exists in the target folder and ``--force`` was not given (exit 1)."""
+
+
+class VerifyFailed(Exception):
+    """One object of a checkpoint is missing or differs; the message names it."""
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    manifest: Manifest
+    path: Path
+    skipped: tuple[tuple[str, str], ...]  # (checkpoint, reason) tried before this one
+
+
+def _check_object(backend: Backend, f: ManifestFile) -> None:
+    try:
+        info = backend.head(f.key)
+    except NotFound:
+        raise VerifyFailed(f"object {f.key} is missing") from None
+    if info.size != f.size:
+        raise VerifyFailed(f"object {f.key} has size {info.size}, manifest says {f.size}")
+    if info.crc32c is not None and info.crc32c != f.crc32c:
+        raise VerifyFailed(f"object {f.key} has CRC32C {info.crc32c}, manifest says {f.crc32c}")
+
+
+def _read_crc(backend: Backend, f: ManifestFile, tmp_dir: Path) -> None:
+    tmp = tmp_dir / f".verify-{uuid.uuid4().hex}"
+    try:
+        info = backend.get_file(f.key, tmp)
+    except NotFound:
+        raise VerifyFailed(f"object {f.key} is missing") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    if info.size != f.size or info.crc32c != f.crc32c:
+        raise VerifyFailed(
+            f"object {f.key} read back as {info.size} bytes CRC32C {info.crc32c}, "
+            f"manifest says {f.size} bytes CRC32C {f.crc32c}"
+        )
+
+
+def verify_manifest(backend: Backend, m: Manifest, *, deep: bool, tmp_dir: Path) -> None:
+    """Check every object of ``m``; read the bytes with ``deep`` or where the store has no CRC."""
+    for f in m.files:
+        _check_object(backend, f)
+        if deep or backend.head(f.key).crc32c is None:
+            _read_crc(backend, f, tmp_dir)
+
+
+def _download(
+    backend: Backend, f: ManifestFile, dest: Path, progress: Callable[[int], None] | None
+) -> FileState:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        info = backend.get_file(f.key, dest, progress=progress)
+    except NotFound:
+        raise VerifyFailed(f"object {f.key} is missing") from None
+    if info.size != f.size or info.crc32c != f.crc32c:
+        raise VerifyFailed(
+            f"object {f.key} is {info.size} bytes with CRC32C {info.crc32c}; "
+            f"manifest says {f.size} bytes with CRC32C {f.crc32c}"
+        )
+    return state_of(os.lstat(dest))
+
+
+def _fetch(
+    backend: Backend,
+    m: Manifest,
+    work: Path,
+    concurrency: int,
+    progress: Callable[[int], None] | None,
+) -> dict[Path, tuple[FileState, str]]:
+    entry = work / m.name
+    if m.is_dir:
+        entry.mkdir(parents=True)
+    targets = {f: (entry / safe_relative(f.path) if m.is_dir else entry) for f in m.files}
+    for f in m.files:
+        _check_object(backend, f)
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        futs = {f: pool.submit(_download, backend, f, targets[f], progress) for f in m.files}
+        states = {f: fut.result() for f, fut in futs.items()}
+    return {targets[f]: (states[f], f.crc32c) for f in m.files}
+
+
+def _candidates(backend: Backend, name: str | None) -> list[Manifest]:
+    def invalid(key: str, reason: str) -> None:
+        log.warning("restore.manifest_invalid", manifest=key, reason=reason)
+
+    items = Catalog.load(backend, on_invalid=invalid).all()
+    if name is not None:
+        items = sorted((m for m in items if m.name == name), key=lambda m: -m.generation)
+    return items
+
+
+def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | None) -> Path:
+    final = target / m.name
+    if os.path.lexists(final):
+        if not force:
+            raise TargetExists(
+                f"{final} already exists; remove it or pass --force (it is then moved aside)"
+            )
+        aside = target / f"{m.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
+        os.replace(final, aside)
+        log.info("restore.moved_aside", path=str(final), to=str(aside))
+    os.replace(work / m.name, final)
+    if pointer:
+        tmp = target / f".{pointer}.ckpt-sidecar-tmp"
+        tmp.write_text(m.name + "\n", encoding="utf-8")
+        os.replace(tmp, target / pointer)
+    return final
+
+
+_POINTERS = {"deepspeed": "latest"}
+
+
+def restore(
+    backend: Backend,
+    target: Path,
+    *,
+    name: str | None = None,
+    force: bool = False,
+    concurrency: int = 8,
+    cache: StateCache | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[Manifest], None] | None = None,
+) -> RestoreResult:
+    """Restore the newest (or the named) checkpoint that verifies into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    candidates = _candidates(backend, name)
+    if not candidates:
+        raise NothingToRestore(
+            f"no committed checkpoint{' named ' + repr(name) if name else ''} in {backend.url}"
+        )
+    skipped: list[tuple[str, str]] = []
+    relisted = False
+    i = 0
+    while i < len(candidates):
+        m = candidates[i]
+        if not force and os.path.lexists(target / m.name):
+            raise TargetExists(
+                f"{target / m.name} already exists; remove it or pass --force "
+                "(it is then moved aside)"
+            )
+        work = target / f"{WORK_PREFIX}{uuid.uuid4().hex[:12]}"
+        work.mkdir()
+        try:
+            if on_start:
+                on_start(m)
+            fetched = _fetch(backend, m, work, concurrency, progress)
+            final = _place(m, work, target, force, _POINTERS.get(m.layout))
+        except VerifyFailed as e:
+            if "missing" in str(e) and not relisted:
+                relisted = True  # retention may have replaced it meanwhile: list once more
+                fresh = _still_committed(backend, m)
+                if fresh is None:
+                    candidates = _candidates(backend, name)
+                    i = 0
+                    continue
+            log.warning(
+                "restore.fallback", checkpoint=m.name, generation=m.generation, reason=str(e)
+            )
+            skipped.append((m.name, str(e)))
+            i += 1
+            continue
+        except StorageError as e:
+            log.warning("restore.fallback", checkpoint=m.name, reason=str(e))
+            skipped.append((m.name, str(e)))
+            i += 1
+            continue
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if cache is not None:
+            for path, (state, crc) in fetched.items():
+                cache.put(
+                    final / path.relative_to(work / m.name) if m.is_dir else final, state, crc
+                )
+            cache.save()
+        log.info(
+            "restore.done",
+            checkpoint=m.name,
+            generation=m.generation,
+            step=m.step,
+            files=len(m.files),
+            bytes=m.size,
+            path=str(final),
+        )
+        return RestoreResult(m, final, tuple(skipped))
+    raise NoneVerifies(
+        "manifests exist but none verifies: " + "; ".join(f"{n}: {r}" for n, r in skipped)
+    )
+
+
+def _still_committed(backend: Backend, m: Manifest) -> Manifest | None:
+    try:
+        return parse(backend.get_bytes(m.key), where=m.key)
+    except (NotFound, ManifestError):
+        return None

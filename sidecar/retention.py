@@ -1,0 +1,63 @@
+"""Remote retention after a commit: ``keep_last`` newest, plus every ``keep_every_steps``.
+
+Order of deletes: the manifest first (the tombstone: from then on the checkpoint does not
+count), then its objects, skipping any key another live manifest names. The newest
+committed checkpoint is never deleted. Failures are logged and retried at the next commit.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from sidecar.catalog import Catalog
+from sidecar.manifest import Manifest
+from sidecar.storage.base import Backend, StorageError
+
+__all__ = ["Retention"]
+
+log = structlog.get_logger("sidecar.retention")
+
+
+class Retention:
+    def __init__(self, backend: Backend, keep_last: int, keep_every_steps: int = 0) -> None:
+        if keep_last < 2:
+            raise ValueError("retention.keep_last must be >= 2")
+        self.backend = backend
+        self.keep_last = keep_last
+        self.keep_every = keep_every_steps
+
+    def doomed(self, manifests: list[Manifest]) -> list[Manifest]:
+        """Which of ``manifests`` (newest first) retention deletes."""
+        out = []
+        for i, m in enumerate(manifests):
+            if i < self.keep_last:
+                continue
+            if self.keep_every and m.step is not None and m.step % self.keep_every == 0:
+                continue
+            out.append(m)
+        return out
+
+    def apply(self, catalog: Catalog) -> list[Manifest]:
+        manifests = catalog.all()
+        doomed = self.doomed(manifests)
+        if not doomed:
+            return []
+        deleted = []
+        for m in doomed:
+            try:
+                self.backend.delete(m.key)
+            except StorageError as e:
+                log.warning("retention.delete_failed", manifest=m.key, error=str(e))
+                continue
+            catalog.remove(m)
+            live = {f.key for other in catalog.all() for f in other.files}
+            for f in m.files:
+                if f.key in live:
+                    continue
+                try:
+                    self.backend.delete(f.key)
+                except StorageError as e:
+                    log.warning("retention.delete_failed", key=f.key, error=str(e))
+            deleted.append(m)
+            log.info("retention.deleted", checkpoint=m.name, generation=m.generation, step=m.step)
+        return deleted

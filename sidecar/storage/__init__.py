@@ -1,0 +1,1 @@
+"""Storage backends behind one interface (`sidecar.storage.base.Backend`)."""

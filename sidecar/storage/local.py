@@ -1,0 +1,258 @@
+"""``file://`` destinations: a mounted folder (NFS, EFS, Filestore, Azure Files, Lustre...).
+
+Every write goes to a ``.ckpt-sidecar-tmp-*`` name in the target's own folder, is fsynced,
+then renamed into place (or hard-linked, for create-only writes, so an existing object is
+never replaced), and the folder is fsynced: atomic and durable on POSIX and network file
+systems. The store reports no checksum of its own, so ``head`` gives ``crc32c=None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from sidecar.storage.base import (
+    AlreadyExists,
+    Backend,
+    NotFound,
+    ObjectInfo,
+    PermanentError,
+    Progress,
+    StorageError,
+    TransientError,
+)
+from sidecar.storage.checksum import Crc32c, read_chunks
+from sidecar.storage.keys import check_key
+
+__all__ = ["TMP_PREFIX", "LocalBackend"]
+
+TMP_PREFIX = ".ckpt-sidecar-tmp-"
+STALE_TMP_SECONDS = 60.0
+_PERMANENT = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR}
+
+
+def _wrap(err: OSError, what: str) -> StorageError:
+    if err.errno == errno.ENOENT:
+        return NotFound(what)
+    if err.errno in _PERMANENT:
+        return PermanentError(
+            f"{what}: {err.strerror}; check that the destination folder is mounted read-write "
+            "and writable by this user"
+        )
+    if err.errno == errno.ENOSPC:
+        return TransientError(f"{what}: destination is full (ENOSPC); free space on it")
+    return TransientError(f"{what}: {err}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBackend(Backend):
+    """A destination folder on a mounted file system."""
+
+    scheme = "file"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.absolute()
+
+    @property
+    def url(self) -> str:
+        return f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _tmp_beside(self, target: Path) -> Path:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _wrap(e, f"create folder {target.parent}") from e
+        return target.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+
+    def _info(self, key: str, path: Path, crc: str | None = None) -> ObjectInfo:
+        st = path.stat()
+        return ObjectInfo(key=key, size=st.st_size, crc32c=crc, mtime=st.st_mtime)
+
+    def _publish(self, tmp: Path, target: Path, *, create_only: bool) -> None:
+        try:
+            if create_only:
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise AlreadyExists(str(target)) from None
+                finally:
+                    tmp.unlink(missing_ok=True)
+            else:
+                os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _wrap(e, f"publish {target}") from e
+
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        target = self._path(key)
+        tmp = self._tmp_beside(target)
+        crc = Crc32c()
+        size = 0
+        try:
+            with open(path, "rb") as src:
+                try:
+                    dst = open(tmp, "xb")  # noqa: SIM115 - closed below, errors mapped apart
+                except OSError as e:
+                    raise _wrap(e, f"write {tmp}") from e
+                with dst:
+                    for chunk in read_chunks(src):
+                        crc.update(chunk)
+                        try:
+                            dst.write(chunk)
+                        except OSError as e:
+                            raise _wrap(e, f"write {target}") from e
+                        size += len(chunk)
+                        if progress:
+                            progress(len(chunk))
+                    try:
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                    except OSError as e:
+                        raise _wrap(e, f"fsync {target}") from e
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._publish(tmp, target, create_only=False)
+        return ObjectInfo(key=key, size=size, crc32c=crc.b64(), mtime=time.time())
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> ObjectInfo:
+        target = self._path(key)
+        tmp = self._tmp_beside(target)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _wrap(e, f"write {target}") from e
+        self._publish(tmp, target, create_only=create_only)
+        crc = Crc32c()
+        crc.update(data)
+        return ObjectInfo(key=key, size=len(data), crc32c=crc.b64(), mtime=time.time())
+
+    def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        source = self._path(key)
+        crc = Crc32c()
+        size = 0
+        try:
+            src = open(source, "rb")  # noqa: SIM115
+        except OSError as e:
+            raise _wrap(e, f"read {key}") from e
+        with src, open(path, "wb") as dst:
+            for chunk in read_chunks(src):
+                crc.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+                if progress:
+                    progress(len(chunk))
+        return ObjectInfo(key=key, size=size, crc32c=crc.b64(), mtime=None)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except OSError as e:
+            raise _wrap(e, f"read {key}") from e
+
+    def head(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            if not path.is_file():
+                raise NotFound(key)
+            return self._info(key, path)
+        except OSError as e:
+            raise _wrap(e, f"stat {key}") from e
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # Walk only the folder that can hold the prefix, then filter by string prefix.
+        base = self.root
+        head, _, _ = prefix.rpartition("/")
+        if head:
+            base = self.root / head
+        if not base.is_dir():
+            return
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.startswith(TMP_PREFIX):
+                    continue
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    yield self._info(key, full)
+                except FileNotFoundError:
+                    continue
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise _wrap(e, f"delete {key}") from e
+        parent = path.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def copy(self, src: str, dst: str) -> ObjectInfo:
+        source = self._path(src)
+        target = self._path(dst)
+        if not source.is_file():
+            raise NotFound(src)
+        tmp = self._tmp_beside(target)
+        try:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _wrap(e, f"copy {src} to {dst}") from e
+        self._publish(tmp, target, create_only=False)
+        return self._info(dst, target)
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _wrap(e, f"create destination {self.root}") from e
+        if not os.access(self.root, os.W_OK):
+            raise PermanentError(f"destination {self.root} is not writable by this user")
+
+    def cleanup_stale(self, older_than_seconds: float) -> int:
+        """Remove ``.ckpt-sidecar-tmp-*`` files untouched for the age, or for a minute at most:
+        a live writer touches its temporary file continuously, a killed one never again."""
+        removed = 0
+        cutoff = time.time() - min(older_than_seconds, STALE_TMP_SECONDS)
+        if not self.root.is_dir():
+            return 0
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    p = Path(dirpath) / name
+                    with contextlib.suppress(FileNotFoundError):
+                        if p.stat().st_mtime < cutoff:
+                            p.unlink()
+                            removed += 1
+        return removed

@@ -1,0 +1,1 @@
+"""Uploading: retries with backoff, bandwidth caps, the worker pool."""

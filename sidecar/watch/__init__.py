@@ -1,0 +1,1 @@
+"""Watching the checkpoint folder and deciding when an entry is complete."""

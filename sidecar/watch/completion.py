@@ -1,0 +1,267 @@
+"""When is an entry complete? The per-entry bookkeeping between raw events and hand-offs.
+
+The tracker is told of file events (inotify) or asked to rescan everything (polling) and
+returns :class:`CheckpointReady` values for entries that are complete by their layout rule:
+
+* a file checkpoint: closed after writing or renamed into place (event mode), or stable;
+* a folder: no file open for writing, nothing changed for ``settle_seconds``, no temporary
+  names inside, and the layout's own rule (``.metadata``, ``latest``, marker ...) holds;
+* polling mode: every file's (size, mtime_ns, inode) unchanged across two scans at least
+  ``settle_seconds`` apart, plus the layout's rule.
+
+An entry is handed off again only when its snapshot differs from the last one handed off.
+Hidden and temporary top-level names are ignored; other files are tracked one by one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.model import CheckpointReady, EntryKind, FileEntry
+from sidecar.watch.layouts import Layout, is_temporary, step_of
+from sidecar.watch.scan import Snapshot, scan_entry
+
+__all__ = ["CompletionTracker", "EventKind"]
+
+_MIN_RESCAN = 0.1  # seconds between two scans of one entry
+EventKind = (
+    str  # "created" | "modified" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
+)
+
+
+@dataclass
+class _Entry:
+    kind: EntryKind
+    dirty: bool = True
+    fast: bool = False  # closed-after-write or renamed into place since the last change
+    writers: int = 0
+    snapshot: Snapshot | None = None
+    since: float = 0.0
+    emitted: Snapshot | None = None
+    emitted_at: float = float("-inf")
+    last_scan: float = float("-inf")
+
+
+class CompletionTracker:
+    """Pure bookkeeping plus ``lstat`` scans; not thread-safe (the watcher loop owns it)."""
+
+    def __init__(
+        self,
+        root: Path,
+        layout: Layout,
+        *,
+        settle_seconds: float,
+        step_regex: str | None = None,
+        other_files: bool = True,
+        other_interval_seconds: float = 60.0,
+        poll_mode: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        on_symlink: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.root = root
+        self.layout = layout
+        self.settle = settle_seconds
+        self.step_regex = step_regex
+        self.other_files = other_files
+        self.other_interval = other_interval_seconds
+        self.poll_mode = poll_mode
+        self.clock = clock
+        self.wall = wall
+        self.on_symlink = on_symlink
+        self.entries: dict[str, _Entry] = {}
+
+    # -- classification ------------------------------------------------------------------
+    def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
+        """The entry a path belongs to, or None when it is ignored."""
+        try:
+            rel = path.relative_to(self.root)
+        except ValueError:
+            return None
+        parts = rel.parts
+        if not parts:
+            return None
+        top = parts[0]
+        if top.startswith(".") or is_temporary(top):
+            return None
+        top_path = self.root / top
+        is_dir = top_path.is_dir() and not top_path.is_symlink()
+        if len(parts) > 1:
+            is_dir = True
+        if self.layout.matches(top, is_dir):
+            return top, EntryKind.CHECKPOINT
+        if any(p.startswith(".") or is_temporary(p) for p in parts):
+            return None
+        return "/".join(parts), EntryKind.OTHER
+
+    def _entry(self, key: str, kind: EntryKind) -> _Entry:
+        e = self.entries.get(key)
+        if e is None or e.kind is not kind:
+            e = self.entries[key] = _Entry(kind=kind)
+        return e
+
+    # -- inputs -----------------------------------------------------------------------------
+    def event(self, path: Path, kind: EventKind, *, is_dir: bool = False) -> None:
+        """Record one file-system event (event mode)."""
+        if self.layout.pointer_file and path == self.root / self.layout.pointer_file:
+            for e in self.entries.values():
+                if e.kind is EntryKind.CHECKPOINT:
+                    e.dirty = True
+            self._pointer_target()
+            return
+        found = self.key_of(path)
+        if found is None:
+            return
+        key, ekind = found
+        if ekind is EntryKind.OTHER and is_dir:
+            self.rescan_other_dir(path)
+            return
+        e = self._entry(key, ekind)
+        if kind == "opened":
+            e.writers += 1
+            return
+        if kind in ("closed", "closed_no_write"):
+            e.writers = max(0, e.writers - 1)
+            if kind == "closed_no_write":
+                return
+        e.dirty = True
+        if kind in ("closed", "moved_in"):
+            e.fast = True
+        elif kind in ("modified", "created"):
+            e.fast = False
+
+    def _pointer_target(self) -> None:
+        assert self.layout.pointer_file
+        try:
+            target = (self.root / self.layout.pointer_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return
+        if target and "/" not in target and not target.startswith("."):
+            self._entry(target, EntryKind.CHECKPOINT).dirty = True
+
+    def rescan_other_dir(self, folder: Path) -> None:
+        snap = scan_entry(folder, self.on_symlink) or {}
+        base = folder.relative_to(self.root).as_posix()
+        for rel in snap:
+            found = self.key_of(self.root / base / rel)
+            if found:
+                self._entry(*found).dirty = True
+
+    def rescan_all(self) -> None:
+        """Mark every entry in the root for a fresh look (start-up, polling, overflow)."""
+        try:
+            names = sorted(p.name for p in self.root.iterdir())
+        except FileNotFoundError:
+            names = []
+        present: set[str] = set()
+        for name in names:
+            path = self.root / name
+            found = self.key_of(path)
+            if found is None:
+                continue
+            key, kind = found
+            if kind is EntryKind.OTHER and path.is_dir() and not path.is_symlink():
+                if self.other_files:
+                    self.rescan_other_dir(path)
+                    present.update(k for k, e in self.entries.items() if k.startswith(key + "/"))
+                continue
+            self._entry(key, kind).dirty = True
+            present.add(key)
+        for key in [k for k in self.entries if k not in present]:
+            self.entries[key].dirty = True  # a scan will find it gone and forget it
+
+    # -- decisions --------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        """Monotonic time of the next needed look, or None when nothing is pending."""
+        times = [self._deadline(e) for e in self.entries.values() if e.dirty]
+        return min(times) if times else None
+
+    def _deadline(self, e: _Entry) -> float:
+        if e.snapshot is None:
+            return e.last_scan + _MIN_RESCAN if e.last_scan > float("-inf") else self.clock()
+        if e.writers > 0:
+            return e.last_scan + max(self.settle, _MIN_RESCAN)
+        if e.fast or not self.layout.needs_settle:
+            return e.last_scan + _MIN_RESCAN
+        return max(e.since + self.settle, e.last_scan + _MIN_RESCAN)
+
+    def tick(self) -> list[CheckpointReady]:
+        now = self.clock()
+        ready: list[CheckpointReady] = []
+        for key in list(self.entries):
+            e = self.entries[key]
+            if not e.dirty:
+                continue
+            if e.kind is EntryKind.OTHER and not self.other_files:
+                del self.entries[key]
+                continue
+            e.last_scan = now
+            snap = scan_entry(self.root / key, self.on_symlink)
+            if snap is None or (e.kind is EntryKind.OTHER and not snap):
+                del self.entries[key]
+                continue
+            if snap != e.snapshot:
+                e.snapshot, e.since = snap, now
+            item = self._decide(key, e, snap, now)
+            if item is not None:
+                ready.append(item)
+        return ready
+
+    def _decide(self, key: str, e: _Entry, snap: Snapshot, now: float) -> CheckpointReady | None:
+        stable = now - e.since >= self.settle
+        if e.writers > 0 or not snap:
+            return None
+        is_dir = (self.root / key).is_dir()
+        if e.kind is EntryKind.CHECKPOINT:
+            if not self.layout.complete(key, is_dir, snap, self.root):
+                if stable:
+                    e.dirty = self.poll_mode
+                return None
+            quick = not self.poll_mode and (
+                (not is_dir and e.fast) or (is_dir and not self.layout.needs_settle)
+            )
+            if not (quick or stable):
+                return None
+        else:
+            overdue = now - e.emitted_at >= self.other_interval
+            if not ((not self.poll_mode and e.fast) or stable or overdue):
+                return None
+        e.dirty = False
+        if snap == e.emitted:
+            return None
+        e.emitted, e.emitted_at, e.fast = snap, now, False
+        return self._ready(key, e.kind, is_dir, snap, now)
+
+    def _ready(
+        self, key: str, kind: EntryKind, is_dir: bool, snap: Snapshot, now: float
+    ) -> CheckpointReady:
+        base = self.root / key
+        files = tuple(
+            FileEntry(rel=rel, path=base / rel if is_dir else base, state=st)
+            for rel, st in sorted(snap.items())
+            if not is_temporary(rel.rsplit("/", 1)[-1])
+        )
+        return CheckpointReady(
+            name=key,
+            kind=kind,
+            is_dir=is_dir,
+            files=files,
+            step=step_of(key, self.step_regex) if kind is EntryKind.CHECKPOINT else None,
+            completed_at=self.wall(),
+            completed_mono=now,
+            layout=self.layout.name,
+        )
+
+    def forget_emitted(self, key: str) -> None:
+        """Let an entry be handed off again on its next look (after a failed upload)."""
+        e = self.entries.get(key)
+        if e is None:
+            found = self.key_of(self.root / key)
+            if found is None:
+                return
+            e = self._entry(*found)
+        e.emitted = None
+        e.dirty = True

@@ -1,0 +1,103 @@
+"""Layout presets: which top-level names are checkpoints and when each is complete.
+
+The table is DESIGN.md's: ``plain``, ``torch-dcp``, ``orbax``, ``deepspeed``, ``hf-trainer``,
+``marker``. A rule sees a stable snapshot of the entry; the tracker adds the stability part.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.model import FileState
+
+__all__ = ["Layout", "is_temporary", "layout_for", "step_of"]
+
+Snapshot = Mapping[str, FileState]
+Rule = Callable[[str, bool, Snapshot, Path], bool]
+
+_TEMP_GLOBS = ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "*~", "#*#", ".#*", "*.swp", "*.swx")
+_PLAIN_FILES = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npz", "*.pkl")
+_PLAIN_DIRS = ("step*", "checkpoint*", "ckpt*", "epoch*", "global_step*")
+_LAST_INT = re.compile(r"(\d+)(?!.*\d)")
+
+
+def is_temporary(name: str) -> bool:
+    """True for names a writer uses while a file is incomplete (never uploaded as themselves)."""
+    return any(fnmatch.fnmatchcase(name, g) for g in _TEMP_GLOBS)
+
+
+def step_of(name: str, step_regex: str | None = None) -> int | None:
+    """The step of an entry: the ``step_regex`` capture, else the last integer in the name."""
+    if step_regex:
+        m = re.search(step_regex, name)
+        return int(m.group(1)) if m and m.group(1) and m.group(1).isdigit() else None
+    m = _LAST_INT.search(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A preset: ``matches(name, is_dir)`` picks checkpoint entries, ``complete`` judges one."""
+
+    name: str
+    file_globs: tuple[str, ...]
+    dir_globs: tuple[str, ...]
+    rule: Rule
+    needs_settle: bool = True
+    pointer_file: str | None = None
+
+    def matches(self, name: str, is_dir: bool) -> bool:
+        globs = self.dir_globs if is_dir else self.file_globs
+        return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+    def complete(self, name: str, is_dir: bool, snapshot: Snapshot, root: Path) -> bool:
+        if is_dir and any(is_temporary(rel.rsplit("/", 1)[-1]) for rel in snapshot):
+            return False
+        return self.rule(name, is_dir, snapshot, root)
+
+
+def _always(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+    return True
+
+
+def _has(file_name: str) -> Rule:
+    def rule(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+        return is_dir and file_name in snap
+
+    return rule
+
+
+def _deepspeed(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+    try:
+        return is_dir and (root / "latest").read_text(encoding="utf-8").strip() == name
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def layout_for(name: str, pattern: list[str] | None = None, marker: str | None = None) -> Layout:
+    """The preset called ``name``; ``pattern`` (globs for files and folders) overrides its names."""
+    presets: dict[str, Layout] = {
+        "plain": Layout("plain", _PLAIN_FILES, _PLAIN_DIRS, _always),
+        "torch-dcp": Layout("torch-dcp", (), ("*",), _has(".metadata"), needs_settle=False),
+        "orbax": Layout("orbax", (), ("[0-9]*",), _orbax),
+        "deepspeed": Layout("deepspeed", (), ("global_step*",), _deepspeed, pointer_file="latest"),
+        "hf-trainer": Layout("hf-trainer", (), ("checkpoint-*",), _has("trainer_state.json")),
+        "marker": Layout("marker", (), ("*",), _has(marker or ".complete"), needs_settle=False),
+    }
+    layout = presets[name]
+    if pattern:
+        globs = tuple(pattern)
+        layout = Layout(
+            layout.name, globs, globs, layout.rule, layout.needs_settle, layout.pointer_file
+        )
+    return layout
+
+
+def _orbax(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+    # Orbax renames "<step>.orbax-checkpoint-tmp-*" into place (tmp names never reach here) or,
+    # on stores without rename, writes commit_success.txt; a settled integer folder is whole.
+    return is_dir and name.isdigit()

@@ -1,0 +1,203 @@
+"""The watcher thread: file events (inotify via watchdog) or periodic scans, into the tracker.
+
+Producer and consumer apart: watchdog's observer thread only enqueues events; this
+thread owns the :class:`CompletionTracker` and calls ``on_ready`` for each hand-off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers.api import BaseObserver
+
+from sidecar.model import CheckpointReady
+from sidecar.watch.completion import CompletionTracker
+
+__all__ = ["NETWORK_FS", "Watcher", "choose_mode"]
+
+log = structlog.get_logger("sidecar.watch")
+
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "ceph", "9p", "glusterfs", "gpfs"}
+_IDLE_CHECK = 5.0  # seconds between checks that the root still exists while idle
+
+
+def _fs_type(path: Path) -> str | None:
+    """The mount type of the file system holding ``path``, from /proc/mounts."""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best, best_len = None, -1
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) > best_len:
+            best, best_len = parts[2], len(mnt)
+    return best
+
+
+def choose_mode(mode: str, path: Path) -> str:
+    """Resolve ``auto``: poll on network and FUSE file systems (inotify sees nothing there)."""
+    if mode != "auto":
+        return mode
+    fs = _fs_type(path) or ""
+    if fs in NETWORK_FS or fs.startswith("fuse"):
+        return "poll"
+    try:
+        from watchdog.observers.inotify import InotifyObserver  # noqa: F401
+    except (ImportError, OSError):
+        return "poll"
+    return "inotify"
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, sink: queue.SimpleQueue[FileSystemEvent]) -> None:
+        self.sink = sink
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.sink.put(event)
+
+
+class Watcher:
+    """Runs the tracker on its own thread; ``on_ready`` gets each complete entry."""
+
+    def __init__(
+        self,
+        tracker: CompletionTracker,
+        on_ready: Callable[[CheckpointReady], None],
+        *,
+        mode: str,
+        poll_interval: float,
+    ) -> None:
+        self.tracker = tracker
+        self.on_ready = on_ready
+        self.mode = mode
+        self.poll_interval = poll_interval
+        self._events: queue.SimpleQueue[FileSystemEvent] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._observer: BaseObserver | None = None
+        self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
+        self._requeue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.alive = False
+
+    @property
+    def root(self) -> Path:
+        return self.tracker.root
+
+    def start(self) -> None:
+        if self.mode == "inotify":
+            self._start_observer()
+        self._thread.start()
+
+    def _start_observer(self) -> None:
+        from watchdog.observers.inotify import InotifyObserver
+
+        obs = InotifyObserver()
+        obs.schedule(_Handler(self._events), str(self.root), recursive=True)
+        obs.start()
+        self._observer = obs
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._events.put(FileSystemEvent(""))  # wake the loop
+        if self._observer is not None:
+            self._observer.stop()
+            with contextlib.suppress(RuntimeError):
+                self._observer.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def rescan(self) -> None:
+        """Ask for a fresh look at the whole root (thread-safe)."""
+        self._requeue.put("")
+        self._events.put(FileSystemEvent(""))
+
+    def retry_later(self, key: str) -> None:
+        """Ask for ``key`` to be handed off again once it is stable (thread-safe)."""
+        self._requeue.put(key)
+        self._events.put(FileSystemEvent(""))
+
+    def _run(self) -> None:
+        self.alive = True
+        try:
+            self.tracker.rescan_all()
+            while not self._stop.is_set():
+                self._step()
+        except Exception:
+            log.exception("watch.crashed")
+            raise
+        finally:
+            self.alive = False
+
+    def _emit(self) -> None:
+        for item in self.tracker.tick():
+            self.on_ready(item)
+
+    def _step(self) -> None:
+        while not self._requeue.empty():
+            key = self._requeue.get()
+            if key:
+                self.tracker.forget_emitted(key)
+            else:
+                self.tracker.rescan_all()
+        if self.mode == "poll":
+            self.tracker.rescan_all()
+            self._emit()
+            with contextlib.suppress(queue.Empty):
+                self._events.get(timeout=self.poll_interval)
+            return
+        deadline = self.tracker.next_deadline()
+        now = self.tracker.clock()
+        timeout = _IDLE_CHECK if deadline is None else max(0.0, deadline - now)
+        try:
+            ev = self._events.get(timeout=timeout)
+            self._feed(ev)
+            while True:
+                self._feed(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        if not self.root.is_dir():
+            self._root_lost()
+            return
+        deadline = self.tracker.next_deadline()
+        if deadline is not None and deadline <= self.tracker.clock():
+            self._emit()
+
+    def _feed(self, ev: FileSystemEvent) -> None:
+        if not ev.src_path:
+            return
+        kind = ev.event_type
+        if kind == "moved":
+            self.tracker.event(Path(str(ev.src_path)), "deleted", is_dir=ev.is_directory)
+            self.tracker.event(Path(str(ev.dest_path)), "moved_in", is_dir=ev.is_directory)
+            return
+        if kind == "attrib":
+            return
+        if ev.is_directory and kind in ("modified",):
+            return
+        if ev.is_directory and kind == "created":
+            self.tracker.event(Path(str(ev.src_path)), "created", is_dir=True)
+            return
+        self.tracker.event(Path(str(ev.src_path)), kind, is_dir=ev.is_directory)
+
+    def _root_lost(self) -> None:
+        log.warning("watch.root_missing", path=str(self.root))
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer = None
+        while not self._stop.wait(1.0):
+            if self.root.is_dir():
+                log.info("watch.root_back", path=str(self.root))
+                if self.mode == "inotify":
+                    self._start_observer()
+                self.tracker.rescan_all()
+                return
