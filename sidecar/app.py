@@ -94,6 +94,7 @@ class Daemon:
             self.metrics,
             self.backoff,
             self.stop_event,
+            on_committed=self._committed,
         )
         layout = layout_for(cfg.checkpoint.layout, cfg.checkpoint.pattern, cfg.checkpoint.marker)
         self.mode = choose_mode(cfg.watch.mode, cfg.watch.path)
@@ -184,7 +185,6 @@ class Daemon:
                 cancel = self.current_cancel
             try:
                 self.committer.commit(item, cancel)
-                self._committed(item)
             except Cancelled:
                 if not self.stop_event.is_set():
                     log.info("checkpoint.cancelled", checkpoint=item.name)
@@ -359,8 +359,7 @@ class Daemon:
         signal.signal(signal.SIGUSR1, on_usr1)
 
     def run(self) -> int:
-        """Run until stopped; the exit status."""
-        self.install_signal_handlers()
+        """Run until stopped (install signal handlers first); the exit status."""
         self.start()
         while not self.stop_event.wait(0.5):
             pass

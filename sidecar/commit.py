@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -65,6 +66,7 @@ class Committer:
         metrics: Metrics,
         backoff: Backoff,
         stop: threading.Event,
+        on_committed: Callable[[CheckpointReady], None] | None = None,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
@@ -74,6 +76,7 @@ class Committer:
         self.metrics = metrics
         self.backoff = backoff
         self.stop = stop
+        self.on_committed = on_committed
         self.host = socket.gethostname()
 
     def _crc(self, p: Path) -> str:
@@ -104,6 +107,8 @@ class Committer:
         if prev is not None and self.matches(item, prev):
             for f in item.files:
                 self.cache.put(f.path, f.state, self._crc(f.path))
+            if self.on_committed is not None:
+                self.on_committed(item)
             log.info(
                 "checkpoint.already_committed", checkpoint=item.name, generation=prev.generation
             )
@@ -180,6 +185,8 @@ class Committer:
             existing = self._read_existing(manifest.key)
             if existing is not None and existing.same_content(manifest):
                 self.catalog.add(existing)
+                if self.on_committed is not None:
+                    self.on_committed(item)
                 log.info(
                     "checkpoint.already_committed", checkpoint=item.name, generation=generation
                 )
@@ -207,6 +214,8 @@ class Committer:
             return None
 
     def _after_commit(self, item: CheckpointReady, m: Manifest, results_copied: int) -> None:
+        if self.on_committed is not None:
+            self.on_committed(item)
         latency = time.monotonic() - item.completed_mono
         self.metrics.commit_latency.observe(latency)
         self.metrics.committed.inc()

@@ -54,6 +54,8 @@ def run_daemon(cfg: Config) -> int:
         print(f"ckpt-sidecar: {e}", file=sys.stderr)
         return 2
     backend = open_backend(cfg.destination)
+    daemon = Daemon(cfg, backend)
+    daemon.install_signal_handlers()
     try:
         backend.check()
     except DestinationRejected:
@@ -62,7 +64,6 @@ def run_daemon(cfg: Config) -> int:
         log.error("storage.permanent_error", operation="check destination", error=str(e))
     except StorageError as e:
         log.warning("storage.unavailable", operation="check destination", error=str(e))
-    daemon = Daemon(cfg, backend)
     admin = None
     if cfg.admin.enabled:
         token = cfg.admin.token.get_secret_value() if cfg.admin.token else None
