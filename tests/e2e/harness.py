@@ -22,23 +22,40 @@ Event = dict[str, Any]
 class Daemon:
     """``python -m sidecar run`` with the given env; its JSON log lines are collected."""
 
-    def __init__(self, watch: Path, destination: str, env: dict[str, str] | None = None,
-                 args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        watch: Path,
+        destination: str,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
         self.events: list[Event] = []
         self.raw: list[str] = []
         self._cond = threading.Condition()
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
-        full_env.update({
-            "CKPT_SIDECAR_LOG__FORMAT": "json",
-            "CKPT_SIDECAR_ADMIN__PORT": "0",
-            "CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "0.5",
-            "CKPT_SIDECAR_PREEMPTION__SOURCE": "none",
-        })
+        full_env.update(
+            {
+                "CKPT_SIDECAR_LOG__FORMAT": "json",
+                "CKPT_SIDECAR_ADMIN__PORT": "0",
+                "CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "0.5",
+                "CKPT_SIDECAR_PREEMPTION__SOURCE": "none",
+            }
+        )
         full_env.update(env or {})
-        cmd = [sys.executable, "-m", "sidecar", "run", "--watch", str(watch),
-               "--destination", destination, *(args or [])]
-        self.proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--watch",
+            str(watch),
+            "--destination",
+            destination,
+            *(args or []),
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -57,8 +74,9 @@ class Daemon:
         with self._cond:
             self._cond.notify_all()
 
-    def wait_for(self, event: str, timeout: float = 20.0,
-                 where: Callable[[Event], bool] = lambda e: True) -> Event:
+    def wait_for(
+        self, event: str, timeout: float = 20.0, where: Callable[[Event], bool] = lambda e: True
+    ) -> Event:
         """The first log event named ``event`` matching ``where``; AssertionError on timeout."""
         end = time.monotonic() + timeout
         with self._cond:
@@ -95,6 +113,14 @@ class Daemon:
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def checkpoint_is(name: str) -> Callable[[Event], bool]:
+    return lambda e: e.get("checkpoint") == name
+
+
+def step_at_least(step: int) -> Callable[[Event], bool]:
+    return lambda e: isinstance(e.get("step"), int) and e["step"] >= step
 
 
 def write_atomic(path: Path, data: bytes) -> None:

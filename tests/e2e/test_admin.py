@@ -50,10 +50,14 @@ def test_metrics_move_with_uploads_and_unprotected_seconds(
     dirs: tuple[Path, Path], daemons: list[Daemon]
 ) -> None:
     watch, remote = dirs
-    d = Daemon(watch, f"file://{remote}", env={
-        "CKPT_SIDECAR_UPLOAD__MAX_BANDWIDTH_BYTES_PER_SECOND": str(1024 * 1024),
-        "CKPT_SIDECAR_ADMIN__TOKEN": TOKEN,
-    })
+    d = Daemon(
+        watch,
+        f"file://{remote}",
+        env={
+            "CKPT_SIDECAR_UPLOAD__MAX_BANDWIDTH_BYTES_PER_SECOND": str(1024 * 1024),
+            "CKPT_SIDECAR_ADMIN__TOKEN": TOKEN,
+        },
+    )
     daemons.append(d)
     d.wait_for("daemon.ready")
     port = d.admin_port

@@ -11,12 +11,19 @@ from pathlib import Path
 import pytest
 
 
-def _run(args: list[str], env: dict[str, str] | None = None,
-         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sidecar", *args], capture_output=True,
-                          text=True, env=full, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def test_help_lists_the_subcommands() -> None:
@@ -25,8 +32,15 @@ def test_help_lists_the_subcommands() -> None:
     for cmd in ("run", "restore", "list", "verify", "config", "drain"):
         assert cmd in r.stdout
     r = _run(["restore", "--help"])
-    for flag in ("--to", "--checkpoint", "--allow-empty", "--force", "--deep", "--destination",
-                 "--config"):
+    for flag in (
+        "--to",
+        "--checkpoint",
+        "--allow-empty",
+        "--force",
+        "--deep",
+        "--destination",
+        "--config",
+    ):
         assert flag in r.stdout
 
 
@@ -73,18 +87,34 @@ BAD = [
     ("unknown layout", {"CKPT_SIDECAR_CHECKPOINT__LAYOUT": "keras"}, [], "checkpoint.layout"),
     ("unknown scheme", {}, ["--destination", "ftp://host/x"], "destination.url"),
     ("invalid bucket", {}, ["--destination", "s3://Bad_Bucket!/x"], "destination.url"),
-    ("invalid step regex", {"CKPT_SIDECAR_CHECKPOINT__STEP_REGEX": "step(("}, [],
-     "checkpoint.step_regex"),
-    ("marker layout without marker", {"CKPT_SIDECAR_CHECKPOINT__LAYOUT": "marker"}, [],
-     "checkpoint.marker"),
+    (
+        "invalid step regex",
+        {"CKPT_SIDECAR_CHECKPOINT__STEP_REGEX": "step(("},
+        [],
+        "checkpoint.step_regex",
+    ),
+    (
+        "marker layout without marker",
+        {"CKPT_SIDECAR_CHECKPOINT__LAYOUT": "marker"},
+        [],
+        "checkpoint.marker",
+    ),
     ("bad watch mode", {"CKPT_SIDECAR_WATCH__MODE": "fanotify"}, [], "watch.mode"),
     ("admin port out of range", {"CKPT_SIDECAR_ADMIN__PORT": "70000"}, [], "admin.port"),
-    ("bad preemption source", {"CKPT_SIDECAR_PREEMPTION__SOURCE": "oracle"}, [],
-     "preemption.source"),
+    (
+        "bad preemption source",
+        {"CKPT_SIDECAR_PREEMPTION__SOURCE": "oracle"},
+        [],
+        "preemption.source",
+    ),
     ("unknown section", {"CKPT_SIDECAR_UPLAOD__CONCURRENCY": "2"}, [], "uplaod"),
     ("bad log level", {"CKPT_SIDECAR_LOG__LEVEL": "verbose"}, [], "log.level"),
-    ("zero settle poll interval", {"CKPT_SIDECAR_WATCH__POLL_INTERVAL_SECONDS": "0"}, [],
-     "watch.poll_interval_seconds"),
+    (
+        "zero settle poll interval",
+        {"CKPT_SIDECAR_WATCH__POLL_INTERVAL_SECONDS": "0"},
+        [],
+        "watch.poll_interval_seconds",
+    ),
 ]
 
 
@@ -109,16 +139,16 @@ def test_bad_yaml_and_missing_config_file(tmp_path: Path) -> None:
 
 
 def test_watch_path_problems_exit_2(tmp_path: Path) -> None:
-    r = _run(["run", "--watch", str(tmp_path / "missing"), "--destination",
-              f"file://{tmp_path}/r"])
+    r = _run(["run", "--watch", str(tmp_path / "missing"), "--destination", f"file://{tmp_path}/r"])
     assert r.returncode == 2 and "does not exist" in r.stderr
     f = tmp_path / "file"
     f.write_text("x")
     r = _run(["run", "--watch", str(f), "--destination", f"file://{tmp_path}/r"])
     assert r.returncode == 2 and "is a file" in r.stderr
     (tmp_path / "w").mkdir()
-    r = _run(["run", "--watch", str(tmp_path / "w"), "--destination",
-              f"file://{tmp_path}/w/remote"])
+    r = _run(
+        ["run", "--watch", str(tmp_path / "w"), "--destination", f"file://{tmp_path}/w/remote"]
+    )
     assert r.returncode == 2 and "inside watch.path" in r.stderr
 
 
@@ -128,6 +158,8 @@ def test_admin_port_in_use_exits_2(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = _run(["run", "--watch", str(tmp_path / "w"), "--destination",
-                  f"file://{tmp_path}/r"], env={"CKPT_SIDECAR_ADMIN__PORT": str(port)})
+        r = _run(
+            ["run", "--watch", str(tmp_path / "w"), "--destination", f"file://{tmp_path}/r"],
+            env={"CKPT_SIDECAR_ADMIN__PORT": str(port)},
+        )
     assert r.returncode == 2 and "admin.port" in r.stderr

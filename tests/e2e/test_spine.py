@@ -12,14 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Daemon, assert_invariant, manifests, same_tree, write_atomic
+from tests.e2e.harness import (
+    Daemon,
+    assert_invariant,
+    checkpoint_is,
+    manifests,
+    same_tree,
+    step_at_least,
+    write_atomic,
+)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sidecar", *args], capture_output=True,
-                          text=True, env=full, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+    )
 
 
 def test_renamed_single_files_are_committed(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
@@ -30,7 +43,7 @@ def test_renamed_single_files_are_committed(dirs: tuple[Path, Path], daemons: li
     payloads = {f"step_{i}.pt": os.urandom(200_000 + i) for i in (10, 20, 30)}
     for name, data in payloads.items():
         write_atomic(watch / name, data)
-        d.wait_for("checkpoint.committed", where=lambda e, n=name: e["checkpoint"] == n)
+        d.wait_for("checkpoint.committed", where=checkpoint_is(name))
     found = {m.name: m for m in assert_invariant(remote)}
     assert set(found) == set(payloads)
     for name, data in payloads.items():
@@ -40,7 +53,9 @@ def test_renamed_single_files_are_committed(dirs: tuple[Path, Path], daemons: li
     assert d.terminate() == 0
 
 
-def test_torch_dcp_folder_waits_for_metadata(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
+def test_torch_dcp_folder_waits_for_metadata(
+    dirs: tuple[Path, Path], daemons: list[Daemon]
+) -> None:
     watch, remote = dirs
     d = Daemon(watch, f"file://{remote}", env={"CKPT_SIDECAR_CHECKPOINT__LAYOUT": "torch-dcp"})
     daemons.append(d)
@@ -66,10 +81,15 @@ def test_growing_file_is_not_committed_until_whole(
     dirs: tuple[Path, Path], daemons: list[Daemon], mode: str
 ) -> None:
     watch, remote = dirs
-    d = Daemon(watch, f"file://{remote}", env={
-        "CKPT_SIDECAR_WATCH__MODE": mode, "CKPT_SIDECAR_WATCH__POLL_INTERVAL_SECONDS": "0.2",
-        "CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "1.0",
-    })
+    d = Daemon(
+        watch,
+        f"file://{remote}",
+        env={
+            "CKPT_SIDECAR_WATCH__MODE": mode,
+            "CKPT_SIDECAR_WATCH__POLL_INTERVAL_SECONDS": "0.2",
+            "CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "1.0",
+        },
+    )
     daemons.append(d)
     d.wait_for("daemon.ready")
     chunks = [os.urandom(100_000) for _ in range(12)]
@@ -103,7 +123,7 @@ def test_restore_is_byte_identical_and_falls_back(
         (tmp / "model.bin").write_bytes(os.urandom(400_000))
         (tmp / "shards" / "opt state.bin").write_bytes(os.urandom(150_000))
         os.replace(tmp, entry)
-        d.wait_for("checkpoint.committed", where=lambda e, n=entry.name: e["checkpoint"] == n)
+        d.wait_for("checkpoint.committed", where=checkpoint_is(entry.name))
     assert d.terminate() == 0
 
     target = tmp_path / "restored"
@@ -142,8 +162,9 @@ def test_restore_exit_codes_when_nothing_there(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_restore_when_none_verifies_exits_1(dirs: tuple[Path, Path], daemons: list[Daemon],
-                                             tmp_path: Path) -> None:
+def test_restore_when_none_verifies_exits_1(
+    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
+) -> None:
     watch, remote = dirs
     d = Daemon(watch, f"file://{remote}")
     daemons.append(d)
@@ -219,8 +240,9 @@ def test_name_written_again_becomes_a_generation(
     assert (tmp_path / "t" / "last.ckpt").read_bytes() == second
 
 
-def test_sigkill_trials_converge(dirs: tuple[Path, Path], daemons: list[Daemon],
-                                 tmp_path: Path) -> None:
+def test_sigkill_trials_converge(
+    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
+) -> None:
     """Ten SIGKILLs at random moments during uploads; each restart converges."""
     import random
 
@@ -232,7 +254,7 @@ def test_sigkill_trials_converge(dirs: tuple[Path, Path], daemons: list[Daemon],
         "CKPT_SIDECAR_RETENTION__KEEP_LAST": "100",
     }
     step = 0
-    for trial in range(10):
+    for _trial in range(10):
         d = Daemon(watch, f"file://{remote}", env=env)
         daemons.append(d)
         d.wait_for("daemon.ready")
@@ -244,7 +266,7 @@ def test_sigkill_trials_converge(dirs: tuple[Path, Path], daemons: list[Daemon],
             for i in range(rng.randint(1, 4)):
                 (tmp / f"part{i}.bin").write_bytes(os.urandom(rng.randint(1, 6) * 1024 * 1024))
             os.replace(tmp, entry)
-        d.wait_for("checkpoint.ready", where=lambda e, s=step: e["step"] >= s - 1)
+        d.wait_for("checkpoint.ready", where=step_at_least(step - 1))
         threading.Event().wait(rng.uniform(0.0, 0.8))  # a random moment during the uploads
         d.kill()
         assert_invariant(remote)
@@ -254,8 +276,7 @@ def test_sigkill_trials_converge(dirs: tuple[Path, Path], daemons: list[Daemon],
     want = {f"step_{s}" for s in range(1, step + 1)}
     committed_before = {m.name for m in manifests(remote)}
     for name in sorted(want - committed_before):
-        final.wait_for("checkpoint.committed", timeout=60,
-                       where=lambda e, n=name: e["checkpoint"] == n)
+        final.wait_for("checkpoint.committed", timeout=60, where=checkpoint_is(name))
     found = {m.name: m for m in assert_invariant(remote)}
     assert set(found) == want
     for name in want:
