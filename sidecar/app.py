@@ -118,6 +118,7 @@ class Daemon:
         self.lock = threading.Lock()
         self.current: CheckpointReady | None = None
         self.current_cancel = threading.Event()
+        self.current_start_bytes = 0
         self.pending: dict[str, CheckpointReady] = {}  # ready, not yet durable
         self.drain = DrainController(self)
         self.metrics.unprotected.set_function(self.unprotected_seconds)
@@ -162,8 +163,12 @@ class Daemon:
         m = self.catalog.newest()
         if m is None:
             return None
-        return {"name": m.name, "step": m.step, "committed_at": m.committed_at,
-                "generation": m.generation}
+        return {
+            "name": m.name,
+            "step": m.step,
+            "committed_at": m.committed_at,
+            "generation": m.generation,
+        }
 
     def unprotected_seconds(self) -> float:
         with self.lock:
@@ -182,6 +187,7 @@ class Daemon:
                 continue
             with self.lock:
                 self.current, self.current_cancel = item, threading.Event()
+                self.current_start_bytes = self.pool.meter.total
                 cancel = self.current_cancel
             try:
                 self.committer.commit(item, cancel)
@@ -206,7 +212,8 @@ class Daemon:
     def _committed(self, item: CheckpointReady) -> None:
         with self.lock:
             stale = [
-                n for n, p in self.pending.items()
+                n
+                for n, p in self.pending.items()
                 if p.completed_mono <= item.completed_mono and (n == item.name or _older(p, item))
             ]
             for n in stale:
@@ -247,6 +254,13 @@ class Daemon:
             if item is None:
                 continue
             f = item.files[0]
+            if self.catalog.names_key(item.name):
+                log.warning(
+                    "other_file.skipped",
+                    path=item.name,
+                    reason="a committed checkpoint owns this key; it is never written over",
+                )
+                continue
             try:
                 info = retry(
                     functools.partial(self.backend.put_file, item.name, f.path),

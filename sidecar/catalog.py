@@ -84,6 +84,11 @@ class Catalog:
             gens = [m for m in self._by_key.values() if m.name == name]
         return max(gens, key=lambda m: m.generation) if gens else None
 
+    def names_key(self, key: str) -> bool:
+        """Does a live manifest name ``key`` (committed objects are immutable)?"""
+        with self._lock:
+            return any(f.key == key for m in self._by_key.values() for f in m.files)
+
     def newest(self) -> Manifest | None:
         items = self.all()
         return items[0] if items else None

@@ -110,9 +110,31 @@ class DrainController:
         chosen = self.d.queue.newest()
         with self.d.lock:
             current, cancel = self.d.current, self.d.current_cancel
-        if current is not None and chosen is not None and _age(chosen) > _age(current):
-            log.warning("drain.cancel_older", checkpoint=current.name, chosen=chosen.name)
-            cancel.set()
+            sent = self.d.pool.meter.total - self.d.current_start_bytes
+        if current is None or chosen is None or _age(chosen) <= _age(current):
+            return
+        assert self.notice is not None
+        rate = self.d.pool.meter.rate()
+        left = self.notice.deadline_mono - time.monotonic()
+        current_left = max(current.size - sent, 0)
+        if (
+            rate > 0
+            and chosen.size / rate > left
+            and (current_left + chosen.size) / rate > left
+            and current_left / rate <= 0.9 * left
+        ):
+            log.warning(
+                "drain.older_first",
+                checkpoint=current.name,
+                chosen=chosen.name,
+                reason="the newest cannot be whole before the deadline at the measured rate; "
+                "the older one nearly done can",
+                rate_bytes_per_second=round(rate),
+                seconds_left=round(left, 1),
+            )
+            return
+        log.warning("drain.cancel_older", checkpoint=current.name, chosen=chosen.name)
+        cancel.set()
 
     def on_ready(self, item: CheckpointReady) -> None:
         if self.state == "draining" and item.kind is EntryKind.CHECKPOINT:

@@ -29,6 +29,7 @@ from sidecar.storage.base import Backend, Cancelled, ObjectInfo, StorageError
 from sidecar.storage.checksum import crc32c_of_file
 from sidecar.upload.bandwidth import BandwidthLimiter
 from sidecar.upload.retry import Backoff, retry
+from sidecar.upload.throughput import ThroughputMeter
 from sidecar.watch.scan import state_of
 
 __all__ = ["FileChanged", "FileJob", "UploadResult", "UploaderPool"]
@@ -79,6 +80,7 @@ class UploaderPool:
             concurrency, thread_name_prefix="upload"
         )
         self.in_flight: dict[str, tuple[int, int]] = {}  # key -> (bytes sent, size)
+        self.meter = ThroughputMeter()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -103,6 +105,7 @@ class UploaderPool:
             if cancel.is_set() or self.stop.is_set():
                 raise Cancelled(key)
             self.limiter.consume(n)
+            self.meter.add(n)
             with self._lock:
                 sent, size = self.in_flight.get(key, (0, 0))
                 self.in_flight[key] = (sent + n, size)

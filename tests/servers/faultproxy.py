@@ -1,0 +1,142 @@
+"""A fault-injecting TCP proxy for HTTP stores: throttle, refuse, reset mid-body, answer 503.
+
+It sits between a client and a real local server (SeaweedFS, Azurite...). Modes are changed
+at run time from the test; the proxy counts what it did so tests can assert on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["FaultProxy"]
+
+_SLOWDOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: 120\r\n"
+    b"Connection: close\r\n\r\n"
+    b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code><Message>Please reduce your request "
+    b"rate.</Message></Error>".ljust(120)
+)
+
+
+@dataclass
+class Faults:
+    """What the proxy does now. ``rate`` is bytes/s per direction (0 = no limit)."""
+
+    rate: int = 0
+    refuse: bool = False
+    slowdown: bool = False
+    reset_after_bytes: int = 0  # reset client->server streams after this many bytes (0 = never)
+    delay: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+
+class FaultProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.faults = Faults()
+        self._lock = threading.Lock()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set(self, **changes: object) -> None:
+        with self._lock:
+            for k, v in changes.items():
+                setattr(self.faults, k, v)
+
+    def heal(self) -> None:
+        self.set(rate=0, refuse=False, slowdown=False, reset_after_bytes=0, delay=0.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.close()
+        self._thread.join(5)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        f = self.faults
+        if f.refuse:
+            f.count("refused")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            client.close()
+            return
+        if f.slowdown:
+            f.count("slowdown")
+            with contextlib.suppress(OSError):
+                client.recv(65536)
+                client.sendall(_SLOWDOWN)
+            client.close()
+            return
+        if f.delay:
+            time.sleep(f.delay)
+        try:
+            upstream = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._conns.update((client, upstream))
+        a = threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True)
+        b = threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True)
+        a.start()
+        b.start()
+        a.join()
+        b.join()
+        with self._lock:
+            self._conns.discard(client)
+            self._conns.discard(upstream)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        sent = 0
+        started = time.monotonic()
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                f = self.faults
+                if upstream and f.reset_after_bytes and sent + len(data) > f.reset_after_bytes:
+                    f.count("reset")
+                    for s in (src, dst):
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                     b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                        s.close()
+                    return
+                dst.sendall(data)
+                sent += len(data)
+                if f.rate:
+                    ahead = sent / f.rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
