@@ -117,12 +117,7 @@ class DrainController:
         rate = self.d.pool.meter.rate()
         left = self.notice.deadline_mono - time.monotonic()
         current_left = max(current.size - sent, 0)
-        if (
-            rate > 0
-            and chosen.size / rate > left
-            and (current_left + chosen.size) / rate > left
-            and current_left / rate <= 0.9 * left
-        ):
+        if rate > 0 and chosen.size / rate > left and current_left / rate <= 0.9 * left:
             log.warning(
                 "drain.older_first",
                 checkpoint=current.name,
