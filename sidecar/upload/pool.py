@@ -35,6 +35,7 @@ from sidecar.watch.scan import state_of
 __all__ = ["FileChanged", "FileJob", "UploadResult", "UploaderPool"]
 
 log = structlog.get_logger("sidecar.upload")
+PROGRESS_LOG_SECONDS = 10.0
 
 
 class FileChanged(Exception):
@@ -101,7 +102,10 @@ class UploaderPool:
         return results
 
     def _progress(self, key: str, cancel: threading.Event) -> Callable[[int], None]:
+        next_log = time.monotonic() + PROGRESS_LOG_SECONDS
+
         def progress(n: int) -> None:
+            nonlocal next_log
             if cancel.is_set() or self.stop.is_set():
                 raise Cancelled(key)
             self.limiter.consume(n)
@@ -110,6 +114,9 @@ class UploaderPool:
                 sent, size = self.in_flight.get(key, (0, 0))
                 self.in_flight[key] = (sent + n, size)
             self.metrics.in_flight_bytes.inc(n)
+            if time.monotonic() >= next_log:  # long uploads: a line every 10 s at most
+                next_log = time.monotonic() + PROGRESS_LOG_SECONDS
+                log.info("upload.progress", key=key, sent=sent + n, size=size)
 
         return progress
 
