@@ -9,11 +9,8 @@ a drain ended with the newest complete checkpoint not durable.
 
 from __future__ import annotations
 
-import functools
-import os
-import signal
 import threading
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +23,9 @@ from sidecar.config import Config
 from sidecar.drain import DrainController
 from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady, EntryKind, Notice
+from sidecar.preemption import signals
+from sidecar.preemption.base import Source
+from sidecar.preemption.poller import Poller
 from sidecar.queue import CheckpointQueue
 from sidecar.retention import Retention
 from sidecar.state import StateCache
@@ -36,7 +36,9 @@ from sidecar.storage.base import (
     StorageError,
     TransientError,
 )
+from sidecar.unprotected import Unprotected
 from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.others import OtherFilesLoop
 from sidecar.upload.pool import FileChanged, UploaderPool
 from sidecar.upload.retry import Backoff, retry
 from sidecar.watch.completion import CompletionTracker
@@ -60,7 +62,13 @@ class Health:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, backend: Backend, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend,
+        metrics: Metrics | None = None,
+        sources: Sequence[Source] = (),
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.metrics = metrics or Metrics()
@@ -119,10 +127,15 @@ class Daemon:
         self.current: CheckpointReady | None = None
         self.current_cancel = threading.Event()
         self.current_start_bytes = 0
-        self.pending: dict[str, CheckpointReady] = {}  # ready, not yet durable
+        self.pending = Unprotected()
         self.drain = DrainController(self)
         self.metrics.unprotected.set_function(self.unprotected_seconds)
         self._threads: list[threading.Thread] = []
+        self.poller = Poller(
+            list(sources),
+            on_notice=self._on_notice,
+            on_error=lambda source, kind: self.metrics.errors.labels("preemption", kind).inc(),
+        )
 
     # -- hand-offs ----------------------------------------------------------------------------
     def _on_symlink(self, path: Any) -> None:
@@ -143,8 +156,7 @@ class Daemon:
                 files=len(item.files),
                 bytes=item.size,
             )
-            with self.lock:
-                self.pending[item.name] = item
+            self.pending.add(item)
         for old in self.queue.put(item):
             if old.completed_mono != item.completed_mono or old.name != item.name:
                 self.metrics.superseded.inc()
@@ -171,12 +183,7 @@ class Daemon:
         }
 
     def unprotected_seconds(self) -> float:
-        with self.lock:
-            items = list(self.pending.values())
-        if not items:
-            return 0.0
-        newest = max(items, key=lambda i: (i.step if i.step is not None else -1, i.completed_mono))
-        return max(0.0, time.monotonic() - newest.completed_mono)
+        return self.pending.seconds()
 
     # -- loops --------------------------------------------------------------------------------
     def _commit_loop(self) -> None:
@@ -199,8 +206,7 @@ class Daemon:
                 self.watcher.retry_later(item.name)
             except FileNotFoundError as e:
                 log.warning("checkpoint.vanished", checkpoint=item.name, path=e.filename)
-                with self.lock:
-                    self.pending.pop(item.name, None)
+                self.pending.vanished(item.name)
                 self.watcher.retry_later(item.name)
             except (StorageError, OSError) as e:
                 self._failed(item, "commit", e)
@@ -210,14 +216,7 @@ class Daemon:
                 self.drain.after_item()
 
     def _committed(self, item: CheckpointReady) -> None:
-        with self.lock:
-            stale = [
-                n
-                for n, p in self.pending.items()
-                if p.completed_mono <= item.completed_mono and (n == item.name or _older(p, item))
-            ]
-            for n in stale:
-                self.pending.pop(n, None)
+        self.pending.committed(item)
         if self.health.permanent_error:
             log.info("storage.recovered")
             self.health.permanent_error = None
@@ -248,35 +247,6 @@ class Daemon:
         t.daemon = True
         t.start()
 
-    def _other_loop(self) -> None:
-        while not self.stop_event.is_set():
-            item = self.queue.get_other(timeout=0.5)
-            if item is None:
-                continue
-            f = item.files[0]
-            if self.catalog.names_key(item.name):
-                log.warning(
-                    "other_file.skipped",
-                    path=item.name,
-                    reason="a committed checkpoint owns this key; it is never written over",
-                )
-                continue
-            try:
-                info = retry(
-                    functools.partial(self.backend.put_file, item.name, f.path),
-                    self.backoff,
-                    wait=self.stop_event.wait,
-                )
-                self.metrics.bytes_uploaded.labels(self.backend.scheme, "ok").inc(info.size)
-                self.metrics.files_uploaded.labels(self.backend.scheme, "ok").inc()
-                log.debug("other_file.uploaded", path=item.name, bytes=info.size)
-            except FileNotFoundError:
-                continue
-            except (StorageError, OSError) as e:
-                if not isinstance(e, Cancelled):
-                    self._failed(item, "other_file", e)
-
-    # -- lifecycle ----------------------------------------------------------------------------
     def _load_catalog(self) -> bool:
         def invalid(key: str, reason: str) -> None:
             log.warning("catalog.manifest_invalid", manifest=key, reason=reason)
@@ -334,43 +304,41 @@ class Daemon:
         self.watcher.start()
         self.health.watching = True
         self._start_thread("commit", self._commit_loop)
-        self._start_thread("other-files", self._other_loop)
+        others = OtherFilesLoop(
+            self.backend,
+            self.queue,
+            self.catalog,
+            self.metrics,
+            self.backoff,
+            self.stop_event,
+            on_failure=lambda item, e: self._failed(item, "other_file", e),
+        )
+        self._start_thread("other-files", others.run)
+        self.poller.start()
         log.info("daemon.ready", watch=str(cfg.watch.path.absolute()), destination=self.backend.url)
+
+    def _on_notice(self, notice: Notice) -> None:
+        """From a cloud or trigger-file source: drain on its own thread, keep running (the
+        machine ends at the deadline; anything written meanwhile still goes up)."""
+        threading.Thread(
+            target=self._drain_then_ack, args=(notice,), name="drain", daemon=True
+        ).start()
+
+    def _drain_then_ack(self, notice: Notice) -> None:
+        self.notice(notice, exit_after=False)
+        if notice.drain and self.drain.exit_code == 0:
+            self.poller.acknowledge(notice)
 
     def notice(self, notice: Notice, *, exit_after: bool) -> None:
         """A termination notice (any source); starts a drain. Thread-safe."""
         self.drain.start(notice, exit_after=exit_after)
 
     def install_signal_handlers(self) -> None:
-        def on_term(signum: int, frame: Any) -> None:
-            now, mono = time.time(), time.monotonic()
-            grace = self.cfg.shutdown_grace_seconds
-            kind = "terminate" if signum == signal.SIGTERM else "interrupt"
-            n = Notice(
-                "signal",
-                kind,
-                now + grace,
-                now,
-                mono + grace,
-                event_id=f"signal-{signum}-{int(now)}",
-            )
-            threading.Thread(
-                target=self.notice, args=(n,), kwargs={"exit_after": True}, daemon=True
-            ).start()
-
-        def on_usr1(signum: int, frame: Any) -> None:
-            now, mono = time.time(), time.monotonic()
-            grace = self.cfg.shutdown_grace_seconds
-            n = Notice(
-                "signal", "usr1", now + grace, now, mono + grace, event_id=f"signal-usr1-{int(now)}"
-            )
-            threading.Thread(
-                target=self.notice, args=(n,), kwargs={"exit_after": False}, daemon=True
-            ).start()
-
-        signal.signal(signal.SIGTERM, on_term)
-        signal.signal(signal.SIGINT, on_term)
-        signal.signal(signal.SIGUSR1, on_usr1)
+        """SIGTERM/SIGINT: drain then exit; SIGUSR1: drain and keep running. Main thread."""
+        signals.install(
+            lambda n, exit_after: self.notice(n, exit_after=exit_after),
+            self.cfg.shutdown_grace_seconds,
+        )
 
     def run(self) -> int:
         """Run until stopped (install signal handlers first); the exit status."""
@@ -381,6 +349,7 @@ class Daemon:
 
     def shutdown(self) -> int:
         self.stop_event.set()
+        self.poller.stop()
         self.queue.close()
         self.watcher.stop()
         for t in self._threads:
@@ -394,16 +363,3 @@ class Daemon:
 
     def request_stop(self) -> None:
         self.stop_event.set()
-
-
-def _older(p: CheckpointReady, than: CheckpointReady) -> bool:
-    a = (p.step if p.step is not None else -1, p.completed_mono)
-    b = (than.step if than.step is not None else -1, than.completed_mono)
-    return a < b
-
-
-def pid_from_file(path: os.PathLike[str] | str) -> int | None:
-    try:
-        return int(open(path, encoding="utf-8").read().strip())
-    except (OSError, ValueError):
-        return None

@@ -29,10 +29,6 @@ log = structlog.get_logger("sidecar.drain")
 NOTICE_FILE = ".ckpt-sidecar-notice.json"
 
 
-def _age(i: CheckpointReady) -> tuple[int, float]:
-    return (i.step if i.step is not None else -1, i.completed_mono)
-
-
 class DrainController:
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
@@ -111,7 +107,7 @@ class DrainController:
         with self.d.lock:
             current, cancel = self.d.current, self.d.current_cancel
             sent = self.d.pool.meter.total - self.d.current_start_bytes
-        if current is None or chosen is None or _age(chosen) <= _age(current):
+        if current is None or chosen is None or chosen.order() <= current.order():
             return
         assert self.notice is not None
         rate = self.d.pool.meter.rate()
@@ -144,7 +140,7 @@ class DrainController:
     def _idle(self) -> bool:
         n, _, _ = self.d.queue.depth()
         with self.d.lock:
-            return n == 0 and self.d.current is None and not self.d.pending
+            return n == 0 and self.d.current is None and not self.d.pending.names()
 
     def _wait_and_report(self, exit_after: bool) -> None:
         assert self.notice is not None
@@ -163,8 +159,7 @@ class DrainController:
                     quiet_since = None
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
-        with self.d.lock:
-            missing = sorted(self.d.pending)
+        missing = self.d.pending.names()
         durable = not missing
         outcome = "committed" if durable else "missed"
         used = time.monotonic() - started

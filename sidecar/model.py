@@ -60,6 +60,10 @@ class CheckpointReady:
     def size(self) -> int:
         return sum(f.state.size for f in self.files)
 
+    def order(self) -> tuple[int, float]:
+        """Newer sorts higher: the step (none = -1), then the completion time."""
+        return (self.step if self.step is not None else -1, self.completed_mono)
+
 
 @dataclass(frozen=True)
 class Notice:

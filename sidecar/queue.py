@@ -16,10 +16,6 @@ from sidecar.model import CheckpointReady, EntryKind
 __all__ = ["CheckpointQueue"]
 
 
-def _age_key(item: CheckpointReady) -> tuple[int, float]:
-    return (item.step if item.step is not None else -1, item.completed_mono)
-
-
 class CheckpointQueue:
     """Thread-safe; ``get`` blocks until an item, ``close`` or the timeout."""
 
@@ -52,7 +48,7 @@ class CheckpointQueue:
         while len(self._ckpts) > 1 and (
             len(self._ckpts) > self.max_checkpoints or self._bytes() > self.max_bytes
         ):
-            oldest = min(self._ckpts.values(), key=_age_key)
+            oldest = min(self._ckpts.values(), key=CheckpointReady.order)
             dropped.append(self._ckpts.pop(oldest.name))
         return dropped
 
@@ -66,7 +62,7 @@ class CheckpointQueue:
                 self._cond.wait(timeout)
             if not self._ckpts:
                 return None
-            newest = max(self._ckpts.values(), key=_age_key)
+            newest = max(self._ckpts.values(), key=CheckpointReady.order)
             return self._ckpts.pop(newest.name)
 
     def get_other(self, timeout: float | None = None) -> CheckpointReady | None:
@@ -84,14 +80,14 @@ class CheckpointQueue:
         with self._cond:
             if len(self._ckpts) <= 1:
                 return []
-            newest = max(self._ckpts.values(), key=_age_key)
+            newest = max(self._ckpts.values(), key=CheckpointReady.order)
             dropped = [i for i in self._ckpts.values() if i is not newest]
             self._ckpts = {newest.name: newest}
             return dropped
 
     def newest(self) -> CheckpointReady | None:
         with self._cond:
-            return max(self._ckpts.values(), key=_age_key) if self._ckpts else None
+            return max(self._ckpts.values(), key=CheckpointReady.order) if self._ckpts else None
 
     def depth(self) -> tuple[int, int, int]:
         """(pending checkpoints, their bytes, pending other files)."""

@@ -10,6 +10,7 @@ import structlog
 from sidecar.admin import AdminServer
 from sidecar.app import Daemon
 from sidecar.config import Config
+from sidecar.preemption.sources import build_sources
 from sidecar.storage.base import DestinationRejected, PermanentError, StorageError
 from sidecar.storage.registry import open_backend
 
@@ -53,8 +54,13 @@ def run_daemon(cfg: Config) -> int:
     except StartupError as e:
         print(f"ckpt-sidecar: {e}", file=sys.stderr)
         return 2
+    try:
+        sources = build_sources(cfg.preemption, trigger_deadline_seconds=cfg.shutdown_grace_seconds)
+    except ValueError as e:
+        print(f"ckpt-sidecar: preemption: {e}", file=sys.stderr)
+        return 2
     backend = open_backend(cfg.destination)
-    daemon = Daemon(cfg, backend)
+    daemon = Daemon(cfg, backend, sources=sources)
     daemon.install_signal_handlers()
     try:
         backend.check()

@@ -2,4 +2,8 @@
 
 from __future__ import annotations
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.servers.metadata_aws",
+    "tests.servers.metadata_gcp",
+    "tests.servers.metadata_azure",
+]

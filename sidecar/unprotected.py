@@ -1,0 +1,55 @@
+"""What is complete locally but not yet durable: the answer to "if this node dies now, how
+much training do we lose?" and the drain's outcome.
+
+An entry leaves the set when it, or a newer checkpoint, is committed, or when it vanishes.
+A newer snapshot of the same name (written again during an upload) stays until its own
+commit. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from sidecar.model import CheckpointReady
+
+__all__ = ["Unprotected"]
+
+
+class Unprotected:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._items: dict[str, CheckpointReady] = {}
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def add(self, item: CheckpointReady) -> None:
+        with self._lock:
+            self._items[item.name] = item
+
+    def committed(self, item: CheckpointReady) -> None:
+        """``item`` is durable: drop it and every older entry (but not newer snapshots)."""
+        with self._lock:
+            for name in [
+                n
+                for n, p in self._items.items()
+                if p.completed_mono <= item.completed_mono
+                and (n == item.name or p.order() < item.order())
+            ]:
+                del self._items[name]
+
+    def vanished(self, name: str) -> None:
+        with self._lock:
+            self._items.pop(name, None)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._items)
+
+    def seconds(self) -> float:
+        """Age of the newest complete checkpoint not yet durable; 0 when there is none."""
+        with self._lock:
+            items = list(self._items.values())
+        if not items:
+            return 0.0
+        return max(0.0, self._clock() - max(items, key=CheckpointReady.order).completed_mono)
