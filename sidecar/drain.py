@@ -86,6 +86,8 @@ class DrainController:
             if self.notice is None or notice.deadline_mono < self.notice.deadline_mono:
                 self.notice = notice
             self.state = "draining"
+        if first:
+            self._tell_trainer()  # first: the trainer's emergency checkpoint is the priority
         log.warning(
             "drain.started",
             source=notice.source,
@@ -93,8 +95,6 @@ class DrainController:
             deadline=rfc3339(notice.deadline),
             seconds_left=round(notice.deadline_mono - time.monotonic(), 1),
         )
-        if first:
-            self._tell_trainer()
         self.d.limiter.lift()
         self._reprioritise()
         self._wait_and_report(exit_after)

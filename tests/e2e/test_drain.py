@@ -1,0 +1,123 @@
+"""Every way a drain starts, end to end with the daemon as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.e2e.harness import Daemon, assert_invariant, checkpoint_is, write_atomic
+
+if TYPE_CHECKING:
+    from tests.servers.metadata_aws import FakeAwsMetadata
+
+
+def _notice_file(watch: Path) -> dict[str, str]:
+    data = json.loads((watch / ".ckpt-sidecar-notice.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_sigterm_drains_then_exits_0(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    write_atomic(watch / "step_4.pt", os.urandom(500_000))
+    d.wait_for("checkpoint.ready")
+    assert d.terminate() == 0
+    done = d.wait_for("drain.done")
+    assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_4.pt"
+    assert _notice_file(watch)["source"] == "signal"
+    assert {m.name for m in assert_invariant(remote)} == {"step_4.pt"}
+
+
+def test_sigusr1_drains_and_keeps_running(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    d.proc.send_signal(signal.SIGUSR1)
+    d.wait_for("drain.started", where=lambda e: e["kind"] == "usr1")
+    d.wait_for("drain.done")
+    # The trainer reads the notice and writes an emergency checkpoint: still committed.
+    assert _notice_file(watch)["kind"] == "usr1"
+    write_atomic(watch / "emergency_7.pt", os.urandom(200_000))
+    d.wait_for("checkpoint.committed", where=checkpoint_is("emergency_7.pt"))
+    assert d.proc.poll() is None
+    assert d.terminate() == 0
+
+
+def test_drain_command_and_trigger_file(
+    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
+) -> None:
+    watch, remote = dirs
+    trigger = tmp_path / "drain-now"
+    d = Daemon(
+        watch, f"file://{remote}", env={"CKPT_SIDECAR_PREEMPTION__TRIGGER_FILE": str(trigger)}
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    write_atomic(watch / "step_1.pt", os.urandom(100_000))
+    d.wait_for("checkpoint.committed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "drain", "--url", f"http://127.0.0.1:{d.admin_port}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["drain"]["outcome"] == "committed"
+    d.wait_for("drain.started", where=lambda e: e["source"] == "http")
+
+    trigger.write_text("")
+    d.wait_for("drain.started", where=lambda e: e["source"] == "file")
+    assert d.proc.poll() is None
+    assert d.terminate() == 0
+
+
+def test_drain_command_exit_1_when_no_daemon(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "drain", "--url", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "cannot reach the daemon" in r.stderr
+
+
+def test_aws_spot_notice_drains(
+    dirs: tuple[Path, Path], daemons: list[Daemon], aws_metadata: FakeAwsMetadata
+) -> None:
+    watch, remote = dirs
+    d = Daemon(
+        watch,
+        f"file://{remote}",
+        env={
+            "CKPT_SIDECAR_PREEMPTION__SOURCE": "aws",
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": aws_metadata.url,
+        },
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    write_atomic(watch / "step_2.pt", os.urandom(100_000))
+    d.wait_for("checkpoint.committed")
+    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=90)
+    aws_metadata.interrupt("terminate", at=deadline)
+    started = d.wait_for("drain.started", where=lambda e: e["source"] == "aws")
+    assert started["kind"] == "terminate"
+    notice = _notice_file(watch)
+    assert notice["deadline"].startswith(deadline.strftime("%Y-%m-%dT%H:%M:%S"))
+    d.wait_for("drain.done", where=lambda e: e["outcome"] == "committed")
+    assert d.proc.poll() is None  # the machine ends at the deadline; we keep uploading
+    assert d.terminate() == 0
+    assert len(d.named("preemption.notice")) == 1  # polled every second, handled once
