@@ -26,6 +26,7 @@ from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
 from sidecar.model import FileState
 from sidecar.state import StateCache
 from sidecar.storage.base import Backend, NotFound, StorageError
+from sidecar.storage.checksum import crc32c_of_file
 from sidecar.storage.keys import safe_relative
 from sidecar.watch.scan import state_of
 
@@ -190,6 +191,9 @@ def restore(
     while i < len(candidates):
         m = candidates[i]
         if not force and os.path.lexists(target / m.name):
+            if _already_present(m, target / m.name, cache):
+                log.info("restore.already_present", checkpoint=m.name, path=str(target / m.name))
+                return RestoreResult(m, target / m.name, tuple(skipped))
             raise TargetExists(
                 f"{target / m.name} already exists; remove it or pass --force "
                 "(it is then moved aside)"
@@ -241,6 +245,28 @@ def restore(
     raise NoneVerifies(
         "manifests exist but none verifies: " + "; ".join(f"{n}: {r}" for n, r in skipped)
     )
+
+
+def _already_present(m: Manifest, entry: Path, cache: StateCache | None) -> bool:
+    """Does ``entry`` hold exactly the manifest's files with their sizes and CRC32C?"""
+    if m.is_dir != entry.is_dir() or entry.is_symlink():
+        return False
+    local = (
+        {p.relative_to(entry).as_posix(): p for p in entry.rglob("*") if p.is_file()}
+        if m.is_dir
+        else {m.name: entry}
+    )
+    if set(local) != {f.path for f in m.files}:
+        return False
+    for f in m.files:
+        p = local[f.path]
+        st = state_of(os.lstat(p))
+        if st.size != f.size:
+            return False
+        crc = cache.get(p, st) if cache is not None else None
+        if (crc or crc32c_of_file(p)) != f.crc32c:
+            return False
+    return True
 
 
 def _still_committed(backend: Backend, m: Manifest) -> Manifest | None:

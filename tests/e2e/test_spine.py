@@ -146,7 +146,11 @@ def test_restore_is_byte_identical_and_falls_back(
     assert same_tree(watch / "step_1", again / "step_1")
     assert not (again / "step_2").exists()
 
-    # The entry exists: refused without --force, moved aside with it.
+    # The same entry again: already there, nothing to do (a restart of the init container).
+    r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}")
+    assert r.returncode == 0, r.stderr
+    # A different entry of that name: refused without --force, moved aside with it.
+    (again / "step_1" / "model.bin").write_bytes(b"trainer changed it")
     r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}")
     assert r.returncode == 1 and "--force" in r.stderr
     r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}", "--force")
