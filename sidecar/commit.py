@@ -28,6 +28,7 @@ from sidecar.manifest import (
     Manifest,
     ManifestError,
     ManifestFile,
+    manifest_key,
     object_base,
     parse,
     rfc3339,
@@ -115,6 +116,28 @@ class Committer:
             return Outcome.ALREADY
         generation = 0 if prev is None else prev.generation + 1
         for _ in range(_MAX_CONFLICTS):
+            # A manifest our catalog did not know (another writer, a stale view): its objects
+            # are committed and immutable, so never upload over them; compare instead.
+            existing = self._read_existing(manifest_key(item.name, generation), quiet=True)
+            if existing is not None:
+                self.catalog.add(existing)
+                if self.matches(item, existing):
+                    if self.on_committed is not None:
+                        self.on_committed(item)
+                    log.info(
+                        "checkpoint.already_committed", checkpoint=item.name, generation=generation
+                    )
+                    return Outcome.ALREADY
+                self.metrics.conflicts.inc()
+                log.warning(
+                    "checkpoint.manifest_conflict",
+                    checkpoint=item.name,
+                    generation=generation,
+                    manifest=existing.key,
+                    action="next generation",
+                )
+                generation += 1
+                continue
             outcome = self._commit_generation(item, generation, cancel)
             if outcome is not None:
                 return outcome
@@ -206,11 +229,14 @@ class Committer:
         self._after_commit(item, manifest, results_copied=sum(r.copied for r in results))
         return Outcome.COMMITTED
 
-    def _read_existing(self, key: str) -> Manifest | None:
+    def _read_existing(self, key: str, *, quiet: bool = False) -> Manifest | None:
         try:
             return parse(self.backend.get_bytes(key), where=key)
-        except (NotFound, ManifestError) as e:
-            log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
+        except NotFound:
+            return None
+        except ManifestError as e:
+            if not quiet:
+                log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
             return None
 
     def _after_commit(self, item: CheckpointReady, m: Manifest, results_copied: int) -> None:

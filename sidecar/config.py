@@ -235,7 +235,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _secret_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted names of every ``SecretStr`` field, found by type, not by name."""
+    out: set[str] = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if ann is not None and "SecretStr" in str(ann):
+            out.add(prefix + name)
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= _secret_keys(ann, f"{prefix}{name}.")
+    return out
+
+
 def _describe(err: ValidationError) -> str:
+    secrets = _secret_keys(Config)
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -243,7 +256,10 @@ def _describe(err: ValidationError) -> str:
             lines.append(f"{key}: unknown key; see config.example.yaml for the keys that exist")
             continue
         value = e.get("input")
-        shown = "***" if "token" in key or "key" in key.split(".")[-1] else repr(value)
+        hidden = any(
+            key == s or key.startswith(s + ".") or s.startswith(key + ".") for s in secrets
+        ) or isinstance(value, dict)
+        shown = "***" if hidden else repr(value)
         msg = str(e["msg"]).removeprefix("Value error, ")
         lines.append(f"{key} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)

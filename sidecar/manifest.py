@@ -107,6 +107,17 @@ def _field(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: st
     return v
 
 
+def _safe(value: str, where: str) -> str:
+    try:
+        check_key(value)
+        value.encode("utf-8")
+    except UnsafeKey as e:
+        raise ManifestError(f"{where}: {e}") from None
+    except UnicodeEncodeError:
+        raise ManifestError(f"{where}: {value!r} is not valid Unicode text") from None
+    return value
+
+
 def _crc(value: str, where: str) -> str:
     try:
         raw = base64.b64decode(value, validate=True)
@@ -121,17 +132,13 @@ def parse(data: bytes, where: str = "manifest") -> Manifest:
     """Parse and validate; raise :class:`ManifestError`."""
     try:
         d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ManifestError(f"{where}: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8, bad JSON, absurd numbers or nesting
+        raise ManifestError(f"{where}: not JSON ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ManifestError(f"{where}: not a JSON object")
     if d.get("format") != FORMAT:
         raise ManifestError(f"{where}: unknown format {d.get('format')!r}; expected {FORMAT}")
-    name = _field(d, "name", str, where)
-    try:
-        check_key(name)
-    except UnsafeKey as e:
-        raise ManifestError(f"{where}: {e}") from None
+    name = _safe(_field(d, "name", str, where), where)
     if "/" in name or "@" in name:
         raise ManifestError(f"{where}: entry name {name!r} must be one path component")
     step = d.get("step")
@@ -151,13 +158,8 @@ def parse(data: bytes, where: str = "manifest") -> Manifest:
         w = f"{where}: files[{i}]"
         if not isinstance(f, dict):
             raise ManifestError(f"{w}: not an object")
-        path = _field(f, "path", str, w)
-        key = _field(f, "key", str, w)
-        try:
-            check_key(path)
-            check_key(key)
-        except UnsafeKey as e:
-            raise ManifestError(f"{w}: {e}") from None
+        path = _safe(_field(f, "path", str, w), w)
+        key = _safe(_field(f, "key", str, w), w)
         if not is_dir and path != name:
             raise ManifestError(f"{w}: a single-file checkpoint's path must be its name")
         if path in seen:
@@ -167,6 +169,9 @@ def parse(data: bytes, where: str = "manifest") -> Manifest:
         if size < 0:
             raise ManifestError(f"{w}: negative size")
         files.append(ManifestFile(path, key, size, _crc(_field(f, "crc32c", str, w), w)))
+    folders = {p.rsplit("/", i)[0] for p in seen for i in range(1, p.count("/") + 1)}
+    if clash := sorted(folders & seen):
+        raise ManifestError(f"{where}: {clash[0]!r} is both a file and a folder")
     return Manifest(
         name=name,
         generation=gen,

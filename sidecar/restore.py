@@ -137,10 +137,15 @@ def _fetch(
 
 
 def _candidates(backend: Backend, name: str | None) -> list[Manifest]:
+    bad: list[str] = []
+
     def invalid(key: str, reason: str) -> None:
         log.warning("restore.manifest_invalid", manifest=key, reason=reason)
+        bad.append(f"{key}: {reason}")
 
     items = Catalog.load(backend, on_invalid=invalid).all()
+    if not items and bad:
+        raise NoneVerifies("manifests exist but none verifies: " + "; ".join(bad))
     if name is not None:
         items = sorted((m for m in items if m.name == name), key=lambda m: -m.generation)
     return items
@@ -153,7 +158,12 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
             raise TargetExists(
                 f"{final} already exists; remove it or pass --force (it is then moved aside)"
             )
-        aside = target / f"{m.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = target / f"{m.name}.replaced-{stamp}"
+        n = 1
+        while os.path.lexists(aside):  # never overwrite an earlier moved-aside copy
+            n += 1
+            aside = target / f"{m.name}.replaced-{stamp}-{n}"
         os.replace(final, aside)
         log.info("restore.moved_aside", path=str(final), to=str(aside))
     os.replace(work / m.name, final)
@@ -219,7 +229,7 @@ def restore(
             skipped.append((m.name, str(e)))
             i += 1
             continue
-        except StorageError as e:
+        except (StorageError, OSError) as e:
             log.warning("restore.fallback", checkpoint=m.name, reason=str(e))
             skipped.append((m.name, str(e)))
             i += 1

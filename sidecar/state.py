@@ -36,6 +36,8 @@ class StateCache:
         assert self.folder is not None
         try:
             raw = json.loads((self.folder / _FILE).read_text(encoding="utf-8"))
+            if not isinstance(raw, dict):
+                raise TypeError("not a JSON object")
             for path, v in raw.items():
                 size, mtime, ino, crc = v
                 self._data[path] = (int(size), int(mtime), int(ino), str(crc))

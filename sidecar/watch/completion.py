@@ -37,7 +37,6 @@ class _Entry:
     kind: EntryKind
     dirty: bool = True
     fast: bool = False  # closed-after-write or renamed into place since the last change
-    writers: int = 0
     snapshot: Snapshot | None = None
     since: float = 0.0
     emitted: Snapshot | None = None
@@ -73,6 +72,7 @@ class CompletionTracker:
         self.wall = wall
         self.on_symlink = on_symlink
         self.entries: dict[str, _Entry] = {}
+        self._open: dict[Path, int] = {}  # path -> open handles seen (inotify IN_OPEN/IN_CLOSE)
 
     # -- classification ------------------------------------------------------------------
     def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
@@ -119,19 +119,35 @@ class CompletionTracker:
         if ekind is EntryKind.OTHER and is_dir:
             self.rescan_other_dir(path)
             return
-        e = self._entry(key, ekind)
         if kind == "opened":
-            e.writers += 1
+            self._open[path] = self._open.get(path, 0) + 1
             return
         if kind in ("closed", "closed_no_write"):
-            e.writers = max(0, e.writers - 1)
+            left = self._open.get(path, 0) - 1
+            if left > 0:
+                self._open[path] = left
+            else:
+                self._open.pop(path, None)
             if kind == "closed_no_write":
                 return
+        e = self._entry(key, ekind)
         e.dirty = True
         if kind in ("closed", "moved_in"):
             e.fast = True
         elif kind in ("modified", "created"):
             e.fast = False
+
+    def moved(self, src: Path, dest: Path) -> None:
+        """A rename: open handles follow the file (later writes and the close use ``dest``)."""
+        for path in [p for p in self._open if p == src or src in p.parents]:
+            count = self._open.pop(path)
+            new = dest / path.relative_to(src) if path != src else dest
+            self._open[new] = self._open.get(new, 0) + count
+
+    def writers(self, key: str) -> int:
+        """Open handles on files of the entry ``key`` (opened and not yet closed)."""
+        base = self.root / key
+        return sum(n for p, n in self._open.items() if p == base or base in p.parents)
 
     def _pointer_target(self) -> None:
         assert self.layout.pointer_file
@@ -176,13 +192,13 @@ class CompletionTracker:
     # -- decisions --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
         """Monotonic time of the next needed look, or None when nothing is pending."""
-        times = [self._deadline(e) for e in self.entries.values() if e.dirty]
+        times = [self._deadline(k, e) for k, e in self.entries.items() if e.dirty]
         return min(times) if times else None
 
-    def _deadline(self, e: _Entry) -> float:
+    def _deadline(self, key: str, e: _Entry) -> float:
         if e.snapshot is None:
             return e.last_scan + _MIN_RESCAN if e.last_scan > float("-inf") else self.clock()
-        if e.writers > 0:
+        if self.writers(key) > 0:
             return e.last_scan + max(self.settle, _MIN_RESCAN)
         if e.fast or not self.layout.needs_settle:
             return e.last_scan + _MIN_RESCAN
@@ -212,7 +228,7 @@ class CompletionTracker:
 
     def _decide(self, key: str, e: _Entry, snap: Snapshot, now: float) -> CheckpointReady | None:
         stable = now - e.since >= self.settle
-        if e.writers > 0 or not snap:
+        if not snap or self.writers(key) > 0:
             return None
         is_dir = (self.root / key).is_dir()
         if e.kind is EntryKind.CHECKPOINT:

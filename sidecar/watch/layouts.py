@@ -22,7 +22,7 @@ Rule = Callable[[str, bool, Snapshot, Path], bool]
 _TEMP_GLOBS = ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "*~", "#*#", ".#*", "*.swp", "*.swx")
 _PLAIN_FILES = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npz", "*.pkl")
 _PLAIN_DIRS = ("step*", "checkpoint*", "ckpt*", "epoch*", "global_step*")
-_LAST_INT = re.compile(r"(\d+)(?!.*\d)")
+_LAST_INT = re.compile(r"(\d+)(?!.*\d)", re.DOTALL)
 
 
 def is_temporary(name: str) -> bool:
@@ -32,11 +32,9 @@ def is_temporary(name: str) -> bool:
 
 def step_of(name: str, step_regex: str | None = None) -> int | None:
     """The step of an entry: the ``step_regex`` capture, else the last integer in the name."""
-    if step_regex:
-        m = re.search(step_regex, name)
-        return int(m.group(1)) if m and m.group(1) and m.group(1).isdigit() else None
-    m = _LAST_INT.search(name)
-    return int(m.group(1)) if m else None
+    m = re.search(step_regex, name) if step_regex else _LAST_INT.search(name)
+    digits = m.group(1) if m else None
+    return int(digits) if digits and digits.isdecimal() else None
 
 
 @dataclass(frozen=True)

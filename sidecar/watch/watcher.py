@@ -7,6 +7,7 @@ thread owns the :class:`CompletionTracker` and calls ``on_ready`` for each hand-
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -88,6 +89,7 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
         self._requeue: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.alive = False
+        self._root_id: tuple[int, int] | None = None
 
     @property
     def root(self) -> Path:
@@ -101,10 +103,19 @@ class Watcher:
     def _start_observer(self) -> None:
         from watchdog.observers.inotify import InotifyObserver
 
+        self._root_id = self._identity()
         obs = InotifyObserver()
         obs.schedule(_Handler(self._events), str(self.root), recursive=True)
         obs.start()
         self._observer = obs
+
+    def _identity(self) -> tuple[int, int] | None:
+        """(device, inode) of the root: a folder replaced in place gets a new one."""
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def stop(self) -> None:
         self._stop.set()
@@ -168,6 +179,10 @@ class Watcher:
         if not self.root.is_dir():
             self._root_lost()
             return
+        if self.mode == "inotify" and self._identity() != self._root_id:
+            log.warning("watch.root_replaced", path=str(self.root))
+            self._restart_observer()
+            return
         deadline = self.tracker.next_deadline()
         if deadline is not None and deadline <= self.tracker.clock():
             self._emit()
@@ -177,6 +192,7 @@ class Watcher:
             return
         kind = ev.event_type
         if kind == "moved":
+            self.tracker.moved(Path(str(ev.src_path)), Path(str(ev.dest_path)))
             self.tracker.event(Path(str(ev.src_path)), "deleted", is_dir=ev.is_directory)
             self.tracker.event(Path(str(ev.dest_path)), "moved_in", is_dir=ev.is_directory)
             return
@@ -188,6 +204,13 @@ class Watcher:
             self.tracker.event(Path(str(ev.src_path)), "created", is_dir=True)
             return
         self.tracker.event(Path(str(ev.src_path)), kind, is_dir=ev.is_directory)
+
+    def _restart_observer(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer = None
+        self._start_observer()
+        self.tracker.rescan_all()
 
     def _root_lost(self) -> None:
         log.warning("watch.root_missing", path=str(self.root))

@@ -1,0 +1,451 @@
+"""CompletionTracker driven directly: real files in tmp_path, a fake monotonic clock.
+
+Events are fed the way ``Watcher._feed`` feeds them from watchdog's inotify observer
+(``moved`` becomes ``deleted`` + ``moved_in``; directory ``modified`` is dropped).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sidecar.model import CheckpointReady, EntryKind
+from sidecar.watch.completion import CompletionTracker
+from sidecar.watch.layouts import layout_for
+
+SETTLE = 1.0
+
+
+class Clock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+
+def tracker(
+    root: Path,
+    clock: Clock,
+    layout: str = "plain",
+    *,
+    poll: bool = False,
+    other: bool = True,
+    marker: str | None = None,
+    symlinks: list[Path] | None = None,
+) -> CompletionTracker:
+    return CompletionTracker(
+        root,
+        layout_for(layout, marker=marker),
+        settle_seconds=SETTLE,
+        other_files=other,
+        other_interval_seconds=3600.0,
+        poll_mode=poll,
+        clock=clock,
+        wall=lambda: 1.7e9,
+        on_symlink=(symlinks.append if symlinks is not None else None),
+    )
+
+
+def names(items: list[CheckpointReady]) -> list[str]:
+    return [i.name for i in items]
+
+
+def run_for(t: CompletionTracker, clock: Clock, seconds: float) -> list[CheckpointReady]:
+    """Tick every 0.1 s of fake time for ``seconds``; collect every hand-off."""
+    out: list[CheckpointReady] = []
+    steps = round(seconds / 0.1)
+    for _ in range(steps):
+        clock.advance(0.1)
+        out += t.tick()
+    return out
+
+
+# -- single-file checkpoints -------------------------------------------------------------
+def test_file_closed_after_writing_is_ready_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "ckpt_100.pt"
+    with open(p, "wb") as f:
+        t.event(p, "created")
+        t.event(p, "opened")
+        f.write(b"x" * 1000)
+        t.event(p, "modified")
+        assert t.tick() == []
+        clock.advance(5 * SETTLE)
+        assert t.tick() == [], "a file open for writing is never complete"
+    t.event(p, "closed")
+    clock.advance(0.11)
+    [item] = t.tick()
+    assert item.name == "ckpt_100.pt"
+    assert item.kind is EntryKind.CHECKPOINT
+    assert not item.is_dir
+    assert item.step == 100
+    assert [f.rel for f in item.files] == ["ckpt_100.pt"]
+    assert item.files[0].state.size == 1000
+    assert item.size == 1000
+
+
+def test_temp_name_renamed_into_place(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    tmp = tmp_path / "ckpt_7.pt.tmp"
+    with open(tmp, "wb") as f:
+        t.event(tmp, "created")
+        t.event(tmp, "opened")
+        f.write(b"abc")
+    t.event(tmp, "closed")
+    assert run_for(t, clock, 3) == [], "a temporary name is never handed off as itself"
+    final = tmp_path / "ckpt_7.pt"
+    os.rename(tmp, final)
+    t.event(tmp, "deleted")
+    t.event(final, "moved_in")
+    clock.advance(0.11)
+    assert names(t.tick()) == ["ckpt_7.pt"]
+
+
+def test_file_without_close_event_becomes_ready_once_stable(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "weights.safetensors"
+    p.write_bytes(b"w")
+    t.event(p, "created")
+    t.event(p, "modified")
+    clock.advance(0.1)
+    assert t.tick() == []
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert names(got) == ["weights.safetensors"]
+
+
+def test_same_snapshot_is_not_handed_off_twice_but_a_new_one_is(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "last.ckpt"
+    p.write_bytes(b"one")
+    t.event(p, "closed")
+    clock.advance(0.2)
+    assert names(t.tick()) == ["last.ckpt"]
+    t.event(p, "closed_no_write")  # our own uploader reading it
+    t.event(p, "modified")
+    assert run_for(t, clock, 3) == []
+    p.write_bytes(b"two!")
+    t.event(p, "modified")
+    t.event(p, "closed")
+    clock.advance(0.2)
+    [again] = t.tick()
+    assert again.files[0].state.size == 4
+    assert again.step is None
+
+
+def test_reader_open_close_does_not_block_or_release_a_writer(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "m.pt"
+    with open(p, "wb") as w:
+        t.event(p, "created")
+        t.event(p, "opened")
+        w.write(b"1")
+        t.event(p, "opened")  # a reader
+        t.event(p, "closed_no_write")
+        assert run_for(t, clock, 3) == [], "writer still open"
+    t.event(p, "closed")
+    clock.advance(0.2)
+    assert names(t.tick()) == ["m.pt"]
+
+
+def test_deleted_entry_is_forgotten(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "a.pt"
+    p.write_bytes(b"a")
+    t.event(p, "created")
+    p.unlink()
+    t.event(p, "deleted")
+    assert run_for(t, clock, 3) == []
+    assert t.entries == {}
+    assert t.next_deadline() is None
+
+
+# -- directories -------------------------------------------------------------------------
+def _write_dir(root: Path, t: CompletionTracker, name: str, files: dict[str, bytes]) -> Path:
+    d = root / name
+    d.mkdir(exist_ok=True)
+    t.event(d, "created", is_dir=True)
+    for rel, data in files.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        t.event(p, "created")
+        t.event(p, "opened")
+        p.write_bytes(data)
+        t.event(p, "modified")
+        t.event(p, "closed")
+    return d
+
+
+def test_plain_folder_waits_for_settle_and_resets_on_change(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    d = _write_dir(tmp_path, t, "step_300", {"model.pt": b"m" * 10, "sub/opt.pt": b"o"})
+    clock.advance(0.1)
+    assert t.tick() == []
+    clock.advance(SETTLE * 0.6)
+    assert t.tick() == []
+    (d / "extra.pt").write_bytes(b"e")
+    t.event(d / "extra.pt", "closed")
+    clock.advance(SETTLE * 0.6)
+    assert t.tick() == [], "a change restarts the settle time"
+    got = run_for(t, clock, SETTLE + 0.3)
+    [item] = got
+    assert item.name == "step_300" and item.is_dir and item.step == 300
+    assert [f.rel for f in item.files] == ["extra.pt", "model.pt", "sub/opt.pt"]
+    assert {f.path for f in item.files} == {d / "extra.pt", d / "model.pt", d / "sub/opt.pt"}
+    assert item.size == 12
+
+
+def test_folder_with_open_file_is_not_ready_however_long(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    d = _write_dir(tmp_path, t, "step_1", {"a.pt": b"a"})
+    p = d / "b.pt"
+    with open(p, "wb") as f:
+        t.event(p, "created")
+        t.event(p, "opened")
+        f.write(b"b")
+        assert run_for(t, clock, 10 * SETTLE) == []
+    t.event(p, "closed")
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert names(got) == ["step_1"]
+
+
+def test_folder_with_temporary_file_inside_waits_for_the_rename(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    d = _write_dir(tmp_path, t, "checkpoint_2", {"a.bin": b"a", "b.bin.partial": b"b"})
+    assert run_for(t, clock, 3 * SETTLE) == []
+    os.rename(d / "b.bin.partial", d / "b.bin")
+    t.event(d / "b.bin.partial", "deleted")
+    t.event(d / "b.bin", "moved_in")
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert [f.rel for f in got[0].files] == ["a.bin", "b.bin"]
+
+
+def test_torch_dcp_ready_when_metadata_lands_without_settle(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, "torch-dcp")
+    d = _write_dir(tmp_path, t, "step-40", {"__0_0.distcp": b"s0", "__1_0.distcp": b"s1"})
+    assert run_for(t, clock, 3 * SETTLE) == []
+    (d / ".metadata").write_bytes(b"meta")
+    t.event(d / ".metadata", "closed")
+    clock.advance(0.11)
+    [item] = t.tick()
+    assert item.layout == "torch-dcp"
+    assert item.step == 40
+    assert ".metadata" in [f.rel for f in item.files]
+
+
+def test_deepspeed_latest_pointer_completes_the_named_step(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, "deepspeed")
+    _write_dir(tmp_path, t, "global_step10", {"mp_rank_00_model_states.pt": b"x"})
+    assert run_for(t, clock, 3 * SETTLE) == []
+    latest = tmp_path / "latest"
+    latest.write_text("global_step10")
+    t.event(latest, "closed")
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert names(got) == ["global_step10"]
+    assert got[0].step == 10
+
+
+def test_marker_layout(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, "marker", marker="DONE")
+    d = _write_dir(tmp_path, t, "run_a", {"w.bin": b"w"})
+    assert run_for(t, clock, 3 * SETTLE) == []
+    (d / "DONE").write_bytes(b"")
+    t.event(d / "DONE", "closed")
+    clock.advance(0.11)
+    assert names(t.tick()) == ["run_a"]
+
+
+# -- names that are ignored, other files -------------------------------------------------
+def test_hidden_and_temporary_top_level_names_are_ignored(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    for n in (".ckpt-sidecar-notice.json", ".hidden.pt", "x.pt.tmp", "5.orbax-checkpoint-tmp-1"):
+        p = tmp_path / n
+        p.write_bytes(b"z")
+        t.event(p, "closed")
+    t.rescan_all()
+    assert run_for(t, clock, 3 * SETTLE) == []
+    assert t.entries == {}
+
+
+def test_other_files_synced_one_by_one(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "train.log"
+    log.write_text("line\n")
+    t.event(log, "closed")
+    clock.advance(0.2)
+    [item] = t.tick()
+    assert item.kind is EntryKind.OTHER
+    assert item.name == "logs/train.log"
+    assert item.step is None
+
+
+def test_other_files_disabled_hands_off_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, other=False)
+    p = tmp_path / "config.yaml"
+    p.write_text("a: 1\n")
+    t.event(p, "closed")
+    t.rescan_all()
+    assert run_for(t, clock, 3 * SETTLE) == []
+
+
+# -- start-up, polling -------------------------------------------------------------------
+def test_existing_content_at_start_is_handed_off_once_stable(tmp_path: Path) -> None:
+    (tmp_path / "step_5").mkdir()
+    (tmp_path / "step_5" / "w.pt").write_bytes(b"w")
+    (tmp_path / "old.pt").write_bytes(b"o")
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    t.rescan_all()
+    clock.advance(0.1)
+    assert t.tick() == [], "not before it has stood still for settle_seconds"
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert sorted(names(got)) == ["old.pt", "step_5"]
+
+
+def test_poll_mode_needs_two_scans_settle_apart(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, poll=True)
+    p = tmp_path / "ckpt_3.pt"
+    p.write_bytes(b"a")
+    t.rescan_all()
+    assert t.tick() == []
+    for i in range(5):  # keeps growing: never ready
+        clock.advance(SETTLE * 0.9)
+        with open(p, "ab") as f:
+            f.write(b"b" * (i + 1))
+        t.rescan_all()
+        assert t.tick() == []
+    clock.advance(SETTLE * 0.5)
+    t.rescan_all()
+    assert t.tick() == []
+    clock.advance(SETTLE * 0.6)
+    t.rescan_all()
+    assert names(t.tick()) == ["ckpt_3.pt"]
+
+
+def test_poll_mode_replaced_file_with_same_size_counts_as_change(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock, poll=True)
+    p = tmp_path / "ckpt_3.pt"
+    p.write_bytes(b"aaaa")
+    t.rescan_all()
+    t.tick()
+    st = p.stat()
+    clock.advance(SETTLE * 0.9)
+    other = tmp_path / "swap.tmp"
+    other.write_bytes(b"bbbb")
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, p)
+    assert p.stat().st_ino != st.st_ino
+    t.rescan_all()
+    assert t.tick() == []
+    clock.advance(SETTLE * 0.5)
+    t.rescan_all()
+    assert t.tick() == [], "a new inode restarts the settle time"
+
+
+# -- symlinks, re-hand-off ---------------------------------------------------------------
+def test_symlinks_are_not_followed_out_of_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.pt").write_bytes(b"secret")
+    (root / "step_9").symlink_to(outside, target_is_directory=True)
+    (root / "step_8").mkdir()
+    (root / "step_8" / "w.pt").write_bytes(b"w")
+    (root / "step_8" / "leak.pt").symlink_to(outside / "secret.pt")
+    seen: list[Path] = []
+    clock = Clock()
+    t = tracker(root, clock, symlinks=seen)
+    t.rescan_all()
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert names(got) == ["step_8"]
+    assert [f.rel for f in got[0].files] == ["w.pt"]
+    assert all(outside not in f.path.parents for f in got[0].files)
+    assert root / "step_8" / "leak.pt" in seen
+
+
+def test_forget_emitted_hands_off_again(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "a.pt"
+    p.write_bytes(b"a")
+    t.event(p, "closed")
+    clock.advance(0.2)
+    assert names(t.tick()) == ["a.pt"]
+    assert run_for(t, clock, 2) == []
+    t.forget_emitted("a.pt")
+    assert names(run_for(t, clock, SETTLE + 0.3)) == ["a.pt"]
+
+
+def test_next_deadline_reports_when_to_look(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    assert t.next_deadline() is None
+    d = _write_dir(tmp_path, t, "step_1", {"a.pt": b"a"})
+    assert d.is_dir()
+    assert t.next_deadline() == clock.now  # never scanned: look now
+    t.tick()
+    dl = t.next_deadline()
+    assert dl is not None and clock.now < dl <= clock.now + SETTLE + 0.01
+    run_for(t, clock, SETTLE + 0.3)
+    assert t.next_deadline() is None
+
+
+# -- known bugs, reproduced exactly ------------------------------------------------------
+def test_file_renamed_while_still_open_is_not_ready(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    tmp = tmp_path / "ckpt_1.pt"
+    final = tmp_path / "ckpt_2.pt"
+    with open(tmp, "wb") as f:
+        t.event(tmp, "created")
+        t.event(tmp, "opened")
+        f.write(b"part")
+        os.rename(tmp, final)  # inotify reports later writes/close under the new name
+        t.moved(tmp, final)  # the watcher's translation of a watchdog "moved" event
+        t.event(tmp, "deleted")
+        t.event(final, "moved_in")
+        clock.advance(0.2)
+        assert t.tick() == [], "ckpt_2.pt is still open for writing"
+
+
+def test_late_close_of_deleted_file_does_not_release_new_writer(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "last.ckpt"
+    old = open(p, "wb")  # noqa: SIM115
+    t.event(p, "created")
+    t.event(p, "opened")
+    p.unlink()
+    t.event(p, "deleted")
+    clock.advance(0.2)
+    assert t.tick() == []
+    with open(p, "wb") as new:
+        t.event(p, "created")
+        t.event(p, "opened")
+        new.write(b"new")
+        old.close()
+        t.event(p, "closed")  # the old, deleted file's close, reported under its name
+        clock.advance(0.2)
+        assert t.tick() == [], "the new last.ckpt is still open for writing"

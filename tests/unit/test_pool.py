@@ -1,0 +1,203 @@
+"""The uploader pool: streaming put with CRC32C, re-stat after read, retries, copy, cancel."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.manifest import ManifestFile
+from sidecar.metrics import Metrics
+from sidecar.model import FileEntry
+from sidecar.state import StateCache
+from sidecar.storage.base import Cancelled, ObjectInfo, PermanentError, Progress, TransientError
+from sidecar.storage.checksum import crc32c_of_bytes
+from sidecar.storage.memory import MemoryBackend
+from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.pool import FileChanged, FileJob, UploaderPool
+from sidecar.upload.retry import Backoff
+from sidecar.watch.scan import state_of
+from tests.unit.test_commit import Recording
+
+
+class Faulty(Recording):
+    """Fails the first ``fail_puts`` put_file calls with ``error``; may touch the file mid-put."""
+
+    def __init__(self, fail_puts: int = 0, error: Exception | None = None) -> None:
+        super().__init__(MemoryBackend(f"pool-{uuid.uuid4().hex}"))
+        self.fail_puts = fail_puts
+        self.error = error or TransientError("503 SlowDown")
+        self.touch_during_put: Path | None = None
+
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        self._rec("put_file", key)
+        if self.fail_puts > 0:
+            self.fail_puts -= 1
+            raise self.error
+        info = self.inner.put_file(key, path, progress=progress)
+        if self.touch_during_put is not None:
+            with open(self.touch_during_put, "ab") as f:
+                f.write(b"appended by the trainer")
+        return info
+
+
+class PoolRig:
+    def __init__(self, backend: Recording) -> None:
+        self.backend = backend
+        self.metrics = Metrics()
+        self.cache = StateCache(None)
+        self.stop = threading.Event()
+        self.pool = UploaderPool(
+            backend,
+            self.cache,
+            self.metrics,
+            Backoff(attempts=4, initial=0.001, max_delay=0.005),
+            BandwidthLimiter(0),
+            3,
+            self.stop,
+        )
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+@pytest.fixture
+def rig() -> Iterator[PoolRig]:
+    r = PoolRig(Faulty())
+    yield r
+    r.pool.close()
+
+
+def job(path: Path, key: str, reference: ManifestFile | None = None) -> FileJob:
+    return FileJob(FileEntry(path.name, path, state_of(os.lstat(path))), key, reference)
+
+
+def files(tmp_path: Path, n: int) -> list[Path]:
+    out = []
+    for i in range(n):
+        p = tmp_path / f"f{i}.bin"
+        p.write_bytes(bytes([i]) * (1000 * (i + 1)))
+        out.append(p)
+    return out
+
+
+def test_uploads_every_file_with_its_crc32c(tmp_path: Path, rig: PoolRig) -> None:
+    paths = files(tmp_path, 5)
+    results = rig.pool.upload_files([job(p, f"ck/{p.name}") for p in paths], threading.Event())
+    by_key = {r.key: r for r in results}
+    assert sorted(by_key) == sorted(f"ck/{p.name}" for p in paths)
+    for p in paths:
+        r = by_key[f"ck/{p.name}"]
+        assert (r.size, r.crc32c, r.copied) == (
+            p.stat().st_size,
+            crc32c_of_bytes(p.read_bytes()),
+            False,
+        )
+        assert rig.backend.get_bytes(r.key) == p.read_bytes()
+        assert rig.cache.get(p, state_of(os.lstat(p))) == r.crc32c, "state cache remembers"
+    assert (
+        rig.metric("ckpt_sidecar_uploaded_files_total", {"backend": "memory", "result": "ok"}) == 5
+    )
+    assert rig.metric("ckpt_sidecar_in_flight_bytes") == 0
+
+
+def test_file_changed_before_upload_does_not_count(tmp_path: Path, rig: PoolRig) -> None:
+    [p] = files(tmp_path, 1)
+    j = job(p, "k")
+    p.write_bytes(b"changed since it was judged complete")
+    with pytest.raises(FileChanged):
+        rig.pool.upload_files([j], threading.Event())
+    assert rig.backend.ops("put_file") == []
+
+
+def test_file_changed_during_upload_does_not_count(tmp_path: Path) -> None:
+    backend = Faulty()
+    r = PoolRig(backend)
+    try:
+        [p] = files(tmp_path, 1)
+        backend.touch_during_put = p
+        with pytest.raises(FileChanged, match="changed while it was uploaded"):
+            r.pool.upload_files([job(p, "k")], threading.Event())
+        assert (
+            r.metric(
+                "ckpt_sidecar_uploaded_files_total", {"backend": "memory", "result": "changed"}
+            )
+            == 1
+        )
+        assert (
+            r.metric("ckpt_sidecar_uploaded_files_total", {"backend": "memory", "result": "ok"})
+            == 0
+        )
+    finally:
+        r.pool.close()
+
+
+def test_transient_errors_are_retried_and_counted(tmp_path: Path) -> None:
+    backend = Faulty(fail_puts=2)
+    r = PoolRig(backend)
+    try:
+        [p] = files(tmp_path, 1)
+        [res] = r.pool.upload_files([job(p, "k")], threading.Event())
+        assert res.crc32c == crc32c_of_bytes(p.read_bytes())
+        assert len(backend.ops("put_file")) == 3
+        assert (
+            r.metric(
+                "ckpt_sidecar_retries_total", {"operation": "put_file", "kind": "TransientError"}
+            )
+            == 2
+        )
+    finally:
+        r.pool.close()
+
+
+def test_permanent_error_is_raised_not_retried(tmp_path: Path) -> None:
+    backend = Faulty(fail_puts=100, error=PermanentError("access denied; grant s3:PutObject"))
+    r = PoolRig(backend)
+    try:
+        paths = files(tmp_path, 3)
+        with pytest.raises(PermanentError, match="access denied"):
+            r.pool.upload_files([job(p, p.name) for p in paths], threading.Event())
+        assert len(backend.ops("put_file")) <= 3
+    finally:
+        r.pool.close()
+
+
+def test_unchanged_file_is_copied_from_the_reference(tmp_path: Path, rig: PoolRig) -> None:
+    [p] = files(tmp_path, 1)
+    rig.backend.inner.put_file("old/f0.bin", p)
+    ref = ManifestFile("f0.bin", "old/f0.bin", p.stat().st_size, crc32c_of_bytes(p.read_bytes()))
+    [res] = rig.pool.upload_files([job(p, "new/f0.bin", ref)], threading.Event())
+    assert res.copied
+    assert rig.backend.ops("copy") == [("copy", "old/f0.bin -> new/f0.bin")]
+    assert rig.backend.ops("put_file") == []
+    assert rig.backend.get_bytes("new/f0.bin") == p.read_bytes()
+
+
+def test_failed_copy_falls_back_to_upload(tmp_path: Path, rig: PoolRig) -> None:
+    [p] = files(tmp_path, 1)
+    ref = ManifestFile("f0.bin", "gone/f0.bin", p.stat().st_size, crc32c_of_bytes(p.read_bytes()))
+    [res] = rig.pool.upload_files([job(p, "new/f0.bin", ref)], threading.Event())
+    assert not res.copied
+    assert [k for _, k in rig.backend.ops("put_file")] == ["new/f0.bin"]
+    assert rig.backend.get_bytes("new/f0.bin") == p.read_bytes()
+
+
+def test_cancel_stops_before_upload(tmp_path: Path, rig: PoolRig) -> None:
+    paths = files(tmp_path, 3)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        rig.pool.upload_files([job(p, p.name) for p in paths], cancel)
+    assert rig.backend.ops("put_file") == []
+
+
+def test_vanished_file_raises_file_not_found(tmp_path: Path, rig: PoolRig) -> None:
+    [p] = files(tmp_path, 1)
+    j = job(p, "k")
+    p.unlink()
+    with pytest.raises(FileNotFoundError):
+        rig.pool.upload_files([j], threading.Event())
