@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.servers.metadata_aws",
     "tests.servers.metadata_gcp",
     "tests.servers.metadata_azure",
+    "tests.servers.azurite",
 ]
