@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -116,6 +117,7 @@ class Daemon:
             other_interval_seconds=cfg.other_files.interval_seconds,
             poll_mode=self.mode == "poll",
             on_symlink=self._on_symlink,
+            on_skip=self._on_skip,
         )
         self.watcher = Watcher(
             tracker,
@@ -146,6 +148,12 @@ class Daemon:
                 path=str(path),
                 reason="symlinks are never followed; copy the file into the folder",
             )
+
+    def _on_skip(self, path: Path, reason: str) -> None:
+        key = repr(str(path))
+        if key not in self._symlinks_logged:
+            self._symlinks_logged.add(key)
+            log.warning("watch.name_skipped", path=key, reason=reason)
 
     def _on_ready(self, item: CheckpointReady) -> None:
         if item.kind is EntryKind.CHECKPOINT:
@@ -209,6 +217,9 @@ class Daemon:
                 self.pending.vanished(item.name)
                 self.watcher.retry_later(item.name)
             except (StorageError, OSError) as e:
+                self._failed(item, "commit", e)
+            except Exception as e:  # a bug must not stop uploads: log it, retry the checkpoint
+                log.exception("checkpoint.unexpected_error", checkpoint=item.name)
                 self._failed(item, "commit", e)
             finally:
                 with self.lock:

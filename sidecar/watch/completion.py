@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
-from sidecar.watch.layouts import Layout, is_temporary, step_of
+from sidecar.watch.layouts import Layout, is_temporary, name_problem, step_of
 from sidecar.watch.scan import Snapshot, scan_entry
 
 __all__ = ["CompletionTracker", "EventKind"]
@@ -60,6 +60,7 @@ class CompletionTracker:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_symlink: Callable[[Path], None] | None = None,
+        on_skip: Callable[[Path, str], None] | None = None,
     ) -> None:
         self.root = root
         self.layout = layout
@@ -71,6 +72,7 @@ class CompletionTracker:
         self.clock = clock
         self.wall = wall
         self.on_symlink = on_symlink
+        self.on_skip = on_skip
         self.entries: dict[str, _Entry] = {}
         self._open: dict[Path, int] = {}  # path -> open handles seen (inotify IN_OPEN/IN_CLOSE)
 
@@ -86,6 +88,10 @@ class CompletionTracker:
             return None
         top = parts[0]
         if top.startswith(".") or is_temporary(top):
+            return None
+        bad = next((name_problem(p) for p in parts if name_problem(p)), None)
+        if bad is not None:
+            self._skip(path, bad)
             return None
         top_path = self.root / top
         is_dir = top_path.is_dir() and not top_path.is_symlink()
@@ -148,6 +154,10 @@ class CompletionTracker:
         """Open handles on files of the entry ``key`` (opened and not yet closed)."""
         base = self.root / key
         return sum(n for p, n in self._open.items() if p == base or base in p.parents)
+
+    def _skip(self, path: Path, reason: str) -> None:
+        if self.on_skip is not None:
+            self.on_skip(path, reason)
 
     def _pointer_target(self) -> None:
         assert self.layout.pointer_file
@@ -231,6 +241,18 @@ class CompletionTracker:
         if not snap or self.writers(key) > 0:
             return None
         is_dir = (self.root / key).is_dir()
+        bad = next(
+            (
+                (rel, name_problem(part))
+                for rel in snap
+                for part in rel.split("/")
+                if name_problem(part)
+            ),
+            None,
+        )
+        if bad is not None:
+            self._skip(self.root / key / bad[0], f"{bad[1]}; the checkpoint waits for it")
+            return None
         if e.kind is EntryKind.CHECKPOINT:
             if not self.layout.complete(key, is_dir, snap, self.root):
                 if stable:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sidecar.model import FileState
 
-__all__ = ["Layout", "is_temporary", "layout_for", "step_of"]
+__all__ = ["MAX_NAME_BYTES", "Layout", "is_temporary", "layout_for", "name_problem", "step_of"]
 
 Snapshot = Mapping[str, FileState]
 Rule = Callable[[str, bool, Snapshot, Path], bool]
@@ -28,6 +28,22 @@ _LAST_INT = re.compile(r"(\d+)(?!.*\d)", re.DOTALL)
 def is_temporary(name: str) -> bool:
     """True for names a writer uses while a file is incomplete (never uploaded as themselves)."""
     return any(fnmatch.fnmatchcase(name, g) for g in _TEMP_GLOBS)
+
+
+MAX_NAME_BYTES = 200  # leaves room for "@g<N>" and ".json" within a 255-byte file name
+
+
+def name_problem(name: str) -> str | None:
+    """Why a file or entry name cannot be stored as an object key, or None when it can."""
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8; rename it"
+    if len(encoded) > MAX_NAME_BYTES:
+        return f"the name is longer than {MAX_NAME_BYTES} bytes; shorten it"
+    if "\\" in name:
+        return "the name contains a backslash; rename it"
+    return None
 
 
 def step_of(name: str, step_regex: str | None = None) -> int | None:
