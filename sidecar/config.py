@@ -247,6 +247,16 @@ def _secret_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     return out
 
 
+def _without_userinfo(value: Any) -> Any:
+    """``s3://key:secret@bucket`` -> ``s3://***@bucket``: credentials never reach a message."""
+    if isinstance(value, str) and "://" in value:
+        scheme, rest = value.split("://", 1)
+        host, sep, path = rest.partition("/")
+        if "@" in host:
+            return f"{scheme}://***@{host.rsplit('@', 1)[1]}{sep}{path}"
+    return value
+
+
 def _describe(err: ValidationError) -> str:
     secrets = _secret_keys(Config)
     lines = []
@@ -259,7 +269,7 @@ def _describe(err: ValidationError) -> str:
         hidden = any(
             key == s or key.startswith(s + ".") or s.startswith(key + ".") for s in secrets
         ) or isinstance(value, dict)
-        shown = "***" if hidden else repr(value)
+        shown = "***" if hidden else repr(_without_userinfo(value))
         msg = str(e["msg"]).removeprefix("Value error, ")
         lines.append(f"{key} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -88,6 +88,12 @@ BAD = [
     ("unknown scheme", {}, ["--destination", "ftp://host/x"], "destination.url"),
     ("invalid bucket", {}, ["--destination", "s3://Bad_Bucket!/x"], "destination.url"),
     (
+        "credentials in the URL",
+        {},
+        ["--destination", "s3://AKIAX:hunter2@bucket/x"],
+        "must not carry credentials",
+    ),
+    (
         "invalid step regex",
         {"CKPT_SIDECAR_CHECKPOINT__STEP_REGEX": "step(("},
         [],
@@ -126,6 +132,7 @@ def test_bad_config_exits_2_naming_the_key(
     r = _run(["run", "--watch", str(tmp_path / "w"), *flags], env=env, cwd=tmp_path)
     assert r.returncode == 2, (case, r.stdout, r.stderr)
     assert key in r.stderr, r.stderr
+    assert "hunter2" not in r.stderr
     assert not (tmp_path / ".ckpt-remote").exists()  # nothing started
 
 
