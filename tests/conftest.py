@@ -7,4 +7,5 @@ pytest_plugins: list[str] = [
     "tests.servers.metadata_gcp",
     "tests.servers.metadata_azure",
     "tests.servers.azurite",
+    "tests.servers.gcs",
 ]

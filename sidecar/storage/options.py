@@ -61,10 +61,12 @@ class GcsOptions(_Options):
     Credentials come from Application Default Credentials (GKE Workload Identity, the VM's
     service account, ``GOOGLE_APPLICATION_CREDENTIALS``, gcloud) or, when set, the key file
     ``credentials_file``; with ``STORAGE_EMULATOR_HOST`` set, none are used (anonymous).
-    ``chunk_size_bytes``: the resumable-upload chunk, a multiple of 256 KiB; one upload holds
-    one chunk in memory. ``xml_multipart_threshold_bytes``: files at least this large go up
-    through the XML multipart API, ``part_concurrency`` parts of ``chunk_size_bytes`` at a
-    time; ``None`` means 1 GiB on real GCS and never on an emulator, ``0`` means never.
+    ``chunk_size_bytes``: the resumable-upload chunk, a multiple of 256 KiB; each upload
+    holds one chunk in memory (100 MiB: the fastest measured, see ``bench/gcs.md``).
+    ``xml_multipart_threshold_bytes``: files at least this large go up through the XML
+    multipart API in parts of ``xml_part_size_bytes``, ``part_concurrency`` at a time
+    (memory: ``(part_concurrency + 1) * xml_part_size_bytes`` per file); ``None`` means
+    1 GiB on real GCS and never on an emulator, ``0`` means never.
     """
 
     credentials_file: str | None = None
@@ -73,8 +75,9 @@ class GcsOptions(_Options):
     kms_key_name: str | None = Field(
         default=None, pattern=r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$"
     )
-    chunk_size_bytes: int = Field(default=64 * MiB, ge=256 * 1024, le=4096 * MiB)
+    chunk_size_bytes: int = Field(default=100 * MiB, ge=256 * 1024, le=4096 * MiB)
     xml_multipart_threshold_bytes: int | None = Field(default=None, ge=0)
+    xml_part_size_bytes: int = Field(default=32 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
     part_concurrency: int = Field(default=4, ge=1, le=32)
 
     @field_validator("chunk_size_bytes")

@@ -1,0 +1,136 @@
+"""The resumable protocol at the HTTP level, against the recording look-alike: what each
+request carries, how a session survives failures, and which errors reach the caller."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.storage import gcs_resumable
+from sidecar.storage.base import ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage.checksum import crc32c_of_bytes
+from tests.servers.gcs import GcsRecorder, gcs_backend
+
+CHUNK = 256 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gcs_resumable, "RETRY_PAUSES", (0.0, 0.0, 0.0))
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Iterator[tuple[Path, bytes]]:
+    data = os.urandom(2 * CHUNK + 100)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    yield path, data
+
+
+def test_chunks_carry_ranges_and_the_final_one_the_crc32c(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, data = src
+    backend = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=CHUNK)
+    info = backend.put_file("model.pt", path)
+    start = gcs_recorder.seen("POST", "uploadType")
+    assert len(start) == 1 and start[0].headers["x-upload-content-length"] == str(len(data))
+    puts = gcs_recorder.seen("PUT", "upload_id")
+    total = len(data)
+    assert [p.headers["content-range"] for p in puts] == [
+        f"bytes 0-{CHUNK - 1}/{total}",
+        f"bytes {CHUNK}-{2 * CHUNK - 1}/{total}",
+        f"bytes {2 * CHUNK}-{total - 1}/{total}",
+    ]
+    assert [p.headers.get("x-goog-hash") for p in puts] == [
+        None, None, f"crc32c={crc32c_of_bytes(data)}",
+    ]  # fmt: skip
+    assert "authorization" not in puts[0].headers  # emulator mode: anonymous
+    assert gcs_recorder.objects["run/model.pt"] == data
+    assert info.crc32c == crc32c_of_bytes(data)
+    backend.close()
+
+
+@pytest.mark.parametrize(("status", "drop"), [(503, False), (429, False), (0, True)])
+def test_a_failed_chunk_resumes_where_the_session_stands(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes], status: int, drop: bool
+) -> None:
+    path, data = src
+    backend = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=CHUNK)
+    backend.put_file("warm.pt", path)  # a clean run, for comparison
+    clean = len(gcs_recorder.seen("PUT", "upload_id"))
+    gcs_recorder.requests.clear()
+    gcs_recorder.fail("PUT", "upload_id=", status, drop=drop)  # the first chunk fails once
+    info = backend.put_file("model.pt", path)
+    puts = gcs_recorder.seen("PUT", "upload_id")
+    status_queries = [p for p in puts if p.headers["content-range"] == f"bytes */{len(data)}"]
+    assert len(status_queries) == 1  # asked the session how much it holds, then went on
+    assert len(puts) == clean + 2  # the failed chunk, the query, the chunk again
+    assert gcs_recorder.objects["run/model.pt"] == data
+    assert info.crc32c == crc32c_of_bytes(data)
+    backend.close()
+
+
+def test_a_chunk_failing_every_time_is_transient_and_cancels(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=CHUNK)
+    gcs_recorder.fail("PUT", "upload_id=", status=503, times=100)
+    with pytest.raises(TransientError, match=r"gs://b/run/model\.pt") as err:
+        backend.put_file("model.pt", path)
+    assert not isinstance(err.value, PermanentError)
+    assert len(gcs_recorder.seen("DELETE", "upload_id")) == 1  # the session is cancelled
+    assert "upload_id" not in str(err.value)  # the session URI is a capability: never shown
+    assert gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_store_rejecting_the_final_crc32c_is_a_retryable_mismatch(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=CHUNK)
+    body = '{"error": {"code": 400, "message": "Provided CRC32C \\"AAAAAA==\\" doesn\'t match"}}'
+    gcs_recorder.fail("PUT", "upload_id=", status=400, body=body)
+    with pytest.raises(ChecksumMismatch) as err:
+        backend.put_file("model.pt", path)
+    assert isinstance(err.value, TransientError)
+    assert gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_access_denied_names_bucket_operation_and_fix(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=CHUNK)
+    denied = (
+        '{"error": {"code": 403, "message": "sidecar@p.iam.gserviceaccount.com does not have '
+        'storage.objects.create access to the Google Cloud Storage object."}}'
+    )
+    gcs_recorder.fail("POST", "uploadType=resumable", status=403, body=denied)
+    with pytest.raises(PermanentError) as err:
+        backend.put_file("model.pt", path)
+    msg = str(err.value)
+    assert "upload gs://b/run/model.pt" in msg
+    assert "storage.objects.create" in msg  # the server's reason
+    assert "roles/storage.objectUser" in msg  # the fix
+    assert "\n" not in msg
+    gcs_recorder.fail("POST", "uploadType=multipart", status=403, body=denied)
+    with pytest.raises(PermanentError, match="access denied"):
+        backend.put_bytes("m.json", b"{}")
+    backend.close()
+
+
+def test_server_errors_on_small_writes_are_transient(gcs_recorder: GcsRecorder) -> None:
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    gcs_recorder.fail("POST", "uploadType=multipart", status=503)
+    with pytest.raises(TransientError):
+        backend.put_bytes("m.json", b"{}")
+    backend.put_bytes("m.json", b"{}")
+    assert gcs_recorder.objects == {"run/m.json": b"{}"}
+    backend.close()

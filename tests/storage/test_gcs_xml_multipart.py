@@ -1,0 +1,204 @@
+"""The XML multipart path, at the HTTP level: neither emulator speaks this API, so the
+recording look-alike plays GCS and the requests are checked one by one."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.storage import gcs_resumable
+from sidecar.storage.base import Cancelled, ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage.checksum import crc32c_of_bytes
+from sidecar.storage.gcs import GcsBackend
+from sidecar.storage.gcs_xml import part_size_for
+from tests.servers.gcs import GcsRecorder, gcs_backend
+
+MiB = 1024 * 1024
+PART = 5 * MiB
+KMS = "projects/p/locations/europe-west4/keyRings/r/cryptoKeys/k"
+
+
+@pytest.fixture(autouse=True)
+def _no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gcs_resumable, "RETRY_PAUSES", (0.0, 0.0, 0.0))
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Iterator[tuple[Path, bytes]]:
+    data = os.urandom(3 * PART + 4321)  # four parts
+    path = tmp_path / "shard-0.safetensors"
+    path.write_bytes(data)
+    yield path, data
+
+
+def _backend(recorder: GcsRecorder, **options: object) -> GcsBackend:
+    return gcs_backend(
+        recorder.url, "b", "run", xml_part_size_bytes=PART, xml_multipart_threshold_bytes=PART,
+        part_concurrency=2, **options,
+    )  # fmt: skip
+
+
+def test_parts_carry_their_crc32c_and_complete_lists_them_in_order(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, data = src
+    backend = _backend(gcs_recorder, storage_class="COLDLINE", kms_key_name=KMS)
+    seen: list[int] = []
+    info = backend.put_file("step 5/shard-0.safetensors", path, progress=seen.append)
+
+    (start,) = gcs_recorder.seen("POST", "uploads")
+    assert start.path == "/b/run/step 5/shard-0.safetensors"
+    assert start.headers["x-goog-storage-class"] == "COLDLINE"
+    assert start.headers["x-goog-encryption-kms-key-name"] == KMS
+    parts = sorted(gcs_recorder.seen("PUT", "partNumber"), key=lambda r: int(r.query["partNumber"]))
+    assert [int(p.query["partNumber"]) for p in parts] == [1, 2, 3, 4]
+    assert {p.query["uploadId"] for p in parts} == {_upload_id(gcs_recorder)}
+    for p in parts:
+        assert p.headers["x-goog-hash"] == f"crc32c={crc32c_of_bytes(p.body)}"
+    assert [len(p.body) for p in parts] == [PART, PART, PART, 4321]
+    (done,) = [r for r in gcs_recorder.seen("POST", "uploadId")]
+    numbers = re.findall(rb"<PartNumber>(\d+)</PartNumber>", done.body)
+    etags = re.findall(rb"<ETag>([^<]+)</ETag>", done.body)
+    assert numbers == [b"1", b"2", b"3", b"4"]
+    assert etags == [f'"{crc32c_of_bytes(p.body)}"'.encode() for p in parts]
+
+    assert gcs_recorder.objects["run/step 5/shard-0.safetensors"] == data
+    assert info.crc32c == crc32c_of_bytes(data)  # computed while reading, in order
+    assert sorted(seen) == sorted([PART, PART, PART, 4321])
+    backend.close()
+
+
+def _upload_id(recorder: GcsRecorder) -> str:
+    return recorder.seen("PUT", "partNumber")[0].query["uploadId"]
+
+
+def test_a_part_failing_once_is_sent_again(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, data = src
+    backend = _backend(gcs_recorder)
+    gcs_recorder.fail("PUT", "partNumber=3", status=503)
+    backend.put_file("w.bin", path)
+    tries = gcs_recorder.seen("PUT", "partNumber")
+    assert sorted(int(p.query["partNumber"]) for p in tries) == [1, 2, 3, 3, 4]
+    assert gcs_recorder.objects["run/w.bin"] == data
+    backend.close()
+
+
+def test_a_refused_part_aborts_the_upload(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = _backend(gcs_recorder)
+    body = "<Error><Code>AccessDenied</Code><Message>Access denied.</Message></Error>"
+    gcs_recorder.fail("PUT", "partNumber=2", status=403, body=body)
+    with pytest.raises(PermanentError) as err:
+        backend.put_file("w.bin", path)
+    assert "multipart upload gs://b/run/w.bin" in str(err.value)
+    assert "AccessDenied" in str(err.value)
+    assert "roles/storage.objectUser" in str(err.value)
+    assert len(gcs_recorder.seen("DELETE", "uploadId")) == 1
+    assert gcs_recorder.seen("POST", "uploadId=") == []  # never completed
+    assert gcs_recorder.uploads == {} and gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_a_damaged_part_is_a_retryable_mismatch(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = _backend(gcs_recorder)
+    body = "<Error><Code>BadDigest</Code><Message>CRC32C mismatch</Message></Error>"
+    gcs_recorder.fail("PUT", "partNumber=1", status=400, body=body)
+    with pytest.raises(ChecksumMismatch) as err:
+        backend.put_file("w.bin", path)
+    assert isinstance(err.value, TransientError)
+    assert len(gcs_recorder.seen("DELETE", "uploadId")) == 1
+    assert gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_cancel_aborts_before_anything_is_visible(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = _backend(gcs_recorder)
+
+    def cancel(n: int) -> None:
+        raise Cancelled("drain")
+
+    with pytest.raises(Cancelled):
+        backend.put_file("w.bin", path, progress=cancel)
+    assert len(gcs_recorder.seen("DELETE", "uploadId")) == 1
+    assert gcs_recorder.uploads == {} and gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_missing_bucket_on_initiate_is_permanent(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    path, _ = src
+    backend = _backend(gcs_recorder)
+    body = (
+        "<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist."
+        "</Message></Error>"
+    )
+    gcs_recorder.fail("POST", "uploads", status=404, body=body)
+    with pytest.raises(PermanentError, match="bucket 'b' does not exist"):
+        backend.put_file("w.bin", path)
+    backend.close()
+
+
+def test_threshold_decides_the_path(gcs_recorder: GcsRecorder, tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(PART + 1))
+    below = gcs_backend(
+        gcs_recorder.url, "b", "run", chunk_size_bytes=PART, xml_multipart_threshold_bytes=PART + 2
+    )
+    below.put_file("below", path)
+    assert gcs_recorder.seen("POST", "uploads") == []
+    # emulator mode (a host given) leaves the XML path off unless a threshold is set
+    auto = gcs_backend(gcs_recorder.url, "b", "run", chunk_size_bytes=PART)
+    auto.put_file("auto", path)
+    assert gcs_recorder.seen("POST", "uploads") == []
+    assert len(gcs_recorder.seen("POST", "uploadType=resumable")) == 2
+    below.close()
+    auto.close()
+
+
+def test_part_size_fits_ten_thousand_parts() -> None:
+    assert part_size_for(100 * MiB, 64 * MiB) == 64 * MiB
+    assert part_size_for(100 * MiB, 1 * MiB) == 5 * MiB  # the XML API's minimum part
+    huge = 5 * 1024**4  # 5 TiB, GCS's largest object
+    assert -(-huge // part_size_for(huge, 64 * MiB)) <= 10_000
+
+
+def test_stale_multipart_uploads_are_aborted_by_the_store_clock(gcs_recorder: GcsRecorder) -> None:
+    backend = _backend(gcs_recorder)
+    hour = 3600.0
+    now = time.time()
+    gcs_recorder.uploads.update(
+        {"old": ("run/a.bin", {}), "new": ("run/b.bin", {}), "other": ("elsewhere/c.bin", {})}
+    )
+    gcs_recorder.initiated.update(
+        {"old": now - 30 * hour, "new": now - hour, "other": now - 99 * hour}
+    )
+    gcs_recorder.clock_offset = -10 * hour  # the store's clock is behind ours: "old" is 20 h old
+    assert backend.cleanup_stale(24 * hour) == 0
+    gcs_recorder.clock_offset = 0.0
+    assert backend.cleanup_stale(24 * hour) == 1
+    assert set(gcs_recorder.uploads) == {"new", "other"}  # another prefix is never touched
+    gcs_recorder.clock_offset = 48 * hour  # the store's clock is ahead: "new" is 49 h old
+    assert backend.cleanup_stale(24 * hour) == 1
+    assert set(gcs_recorder.uploads) == {"other"}
+    backend.close()
+    plain = gcs_backend(gcs_recorder.url, "b", "run")  # XML path off: nothing to look for
+    sent = len(gcs_recorder.requests)
+    assert plain.cleanup_stale(0) == 0
+    assert len(gcs_recorder.requests) == sent
+    plain.close()
