@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Daemon
+
 pytest_plugins: list[str] = [
     "tests.servers.metadata_aws",
     "tests.servers.metadata_gcp",
@@ -9,3 +16,20 @@ pytest_plugins: list[str] = [
     "tests.servers.azurite",
     "tests.servers.gcs",
 ]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    watch = tmp_path / "checkpoints"
+    remote = tmp_path / "remote"
+    watch.mkdir()
+    return watch, remote
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Collects daemons started by a test; each is killed at the end if still running."""
+    started: list[Daemon] = []
+    yield started
+    for d in started:
+        d.close()

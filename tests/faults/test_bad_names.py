@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.e2e.conftest import daemons, dirs  # noqa: F401 - fixtures
 from tests.e2e.harness import Daemon, assert_invariant, checkpoint_is, write_atomic
 
 
 def test_bad_names_and_links_never_stop_the_daemon(
-    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path  # noqa: F811
+    dirs: tuple[Path, Path],
+    daemons: list[Daemon],
+    tmp_path: Path,
 ) -> None:
     watch, remote = dirs
     outside = tmp_path / "secret.pt"

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
 __all__ = ["FaultProxy"]
 
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
 _SLOWDOWN = (
     b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: 120\r\n"
     b"Connection: close\r\n\r\n"
-    b"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code><Message>Please reduce your request "
+    b'<?xml version="1.0"?><Error><Code>SlowDown</Code><Message>Please reduce your request '
     b"rate.</Message></Error>".ljust(120)
 )
 
@@ -83,7 +86,7 @@ class FaultProxy:
         f = self.faults
         if f.refuse:
             f.count("refused")
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
             client.close()
             return
         if f.slowdown:
@@ -124,8 +127,7 @@ class FaultProxy:
                 if upstream and f.reset_after_bytes and sent + len(data) > f.reset_after_bytes:
                     f.count("reset")
                     for s in (src, dst):
-                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                     b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
                         s.close()
                     return
                 dst.sendall(data)
