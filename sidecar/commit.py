@@ -148,8 +148,10 @@ class Committer:
         self, item: CheckpointReady, generation: int, cancel: threading.Event
     ) -> Outcome | None:
         base = object_base(item.name, generation)
-        newest = self.catalog.newest()
-        refs = {f.path: f for f in newest.files} if newest else {}
+        refs: dict[str, ManifestFile] = {}
+        for committed in self.catalog.all():  # newest first: the newest copy of each path wins
+            for f in committed.files:
+                refs.setdefault(f.path, f)
         jobs = []
         for f in item.files:
             path = self._path_in_manifest(item, f.rel)
