@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit venv clean
+.PHONY: run test lint typecheck unit venv clean demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,9 @@ test: $(STAMP) $(if $(wildcard package.json),node_modules/.installed)
 
 clean:
 	rm -rf $(VENV) node_modules .ckpt-remote
+
+# A training job loses its machine to a (simulated) preemption notice and finishes on another,
+# bit for bit: examples/demo.py tells the story in about a minute. Installs PyTorch if missing.
+demo: $(STAMP)
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0 numpy
+	$(BIN)/python examples/demo.py

@@ -150,8 +150,8 @@ class Committer:
         base = object_base(item.name, generation)
         refs: dict[str, ManifestFile] = {}
         for committed in self.catalog.all():  # newest first: the newest copy of each path wins
-            for f in committed.files:
-                refs.setdefault(f.path, f)
+            for mf in committed.files:
+                refs.setdefault(mf.path, mf)
         jobs = []
         for f in item.files:
             path = self._path_in_manifest(item, f.rel)
