@@ -84,8 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._send(200, generate_latest(d.metrics.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            ok = d.watcher.alive or not d.health.watching
-            self._json(200 if ok else 503, {"ok": ok})
+            dead = d.dead_threads()
+            self._json(200 if not dead else 503, {"ok": not dead, "dead_threads": dead})
         elif path == "/readyz":
             problems = []
             if not d.health.watching:

@@ -288,6 +288,15 @@ class Daemon:
             return True
         return False
 
+    def dead_threads(self) -> list[str]:
+        """Threads that should run but do not (for /healthz); empty before start and at stop."""
+        if self.stop_event.is_set() or not self.health.watching:
+            return []
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if not self.watcher.alive:
+            dead.append("watcher")
+        return dead
+
     def _start_thread(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
