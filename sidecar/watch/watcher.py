@@ -98,6 +98,7 @@ class Watcher:
     def start(self) -> None:
         if self.mode == "inotify":
             self._start_observer()
+        self.alive = True  # before the thread runs, so /healthz never sees a gap at start
         self._thread.start()
 
     def _start_observer(self) -> None:
@@ -138,7 +139,6 @@ class Watcher:
         self._events.put(FileSystemEvent(""))
 
     def _run(self) -> None:
-        self.alive = True
         try:
             self.tracker.rescan_all()
             while not self._stop.is_set():
