@@ -21,7 +21,7 @@ from sidecar import __version__
 from sidecar.catalog import Catalog
 from sidecar.commit import Committer
 from sidecar.config import Config
-from sidecar.drain import DrainController
+from sidecar.drain import DrainController, clear_stale_notice
 from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady, EntryKind, Notice
 from sidecar.preemption import signals
@@ -319,6 +319,7 @@ class Daemon:
                 log.info("storage.stale_uploads_removed", count=removed)
         except StorageError as e:
             log.warning("storage.cleanup_failed", error=str(e))
+        clear_stale_notice(cfg.watch.path)
         if not self._load_catalog():
             return
         self.watcher.start()

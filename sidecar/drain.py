@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -27,6 +28,18 @@ __all__ = ["NOTICE_FILE", "DrainController"]
 
 log = structlog.get_logger("sidecar.drain")
 NOTICE_FILE = ".ckpt-sidecar-notice.json"
+
+
+def clear_stale_notice(root: Path) -> None:
+    """At start: a notice file left by an earlier run would stop a resuming trainer at once."""
+    try:
+        (root / NOTICE_FILE).unlink()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("drain.stale_notice_not_removed", path=str(root / NOTICE_FILE), error=str(e))
+        return
+    log.info("drain.stale_notice_removed", path=str(root / NOTICE_FILE))
 
 
 class DrainController:

@@ -26,6 +26,7 @@ from sidecar.watch.scan import Snapshot, scan_entry
 
 __all__ = ["CompletionTracker", "EventKind"]
 
+RESTORE_ASIDE = ".replaced-"  # restore --force moves an entry aside to <name>.replaced-<time>
 _MIN_RESCAN = 0.1  # seconds between two scans of one entry
 EventKind = (
     str  # "created" | "modified" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
@@ -87,7 +88,7 @@ class CompletionTracker:
         if not parts:
             return None
         top = parts[0]
-        if top.startswith(".") or is_temporary(top):
+        if top.startswith(".") or is_temporary(top) or RESTORE_ASIDE in top:
             return None
         bad = next((name_problem(p) for p in parts if name_problem(p)), None)
         if bad is not None:

@@ -121,3 +121,20 @@ def test_aws_spot_notice_drains(
     assert d.proc.poll() is None  # the machine ends at the deadline; we keep uploading
     assert d.terminate() == 0
     assert len(d.named("preemption.notice")) == 1  # polled every second, handled once
+
+
+def test_a_stale_notice_file_is_removed_at_start(
+    dirs: tuple[Path, Path], daemons: list[Daemon]
+) -> None:
+    watch, remote = dirs
+    (watch / ".ckpt-sidecar-notice.json").write_text('{"source": "aws", "kind": "terminate"}')
+    (watch / "step_3.replaced-20261202T150000").mkdir()  # restore --force moved it aside
+    (watch / "step_3.replaced-20261202T150000" / "w.bin").write_bytes(b"old")
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("drain.stale_notice_removed")
+    assert not (watch / ".ckpt-sidecar-notice.json").exists()
+    write_atomic(watch / "step_4.pt", os.urandom(1000))
+    d.wait_for("checkpoint.committed", where=checkpoint_is("step_4.pt"))
+    assert d.terminate() == 0
+    assert {m.name for m in assert_invariant(remote)} == {"step_4.pt"}  # not the aside copy
