@@ -15,6 +15,7 @@ pytest_plugins: list[str] = [
     "tests.servers.metadata_azure",
     "tests.servers.azurite",
     "tests.servers.gcs",
+    "tests.servers.seaweedfs",
 ]
 
 

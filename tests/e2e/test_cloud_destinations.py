@@ -13,6 +13,7 @@ from tests.e2e.harness import Daemon, checkpoint_is, same_tree, write_atomic
 if TYPE_CHECKING:
     from tests.servers.azurite import Azurite
     from tests.servers.gcs import GcsServer
+    from tests.servers.seaweedfs import S3Server
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -108,3 +109,14 @@ def test_gcs_on_fake_gcs_server(
     watch, _ = dirs
     url = f"gs://{fake_gcs_server.new_bucket()}/job-1"
     round_trip(watch, url, {"STORAGE_EMULATOR_HOST": fake_gcs_server.url}, tmp_path, daemons)
+
+
+def test_s3_on_seaweedfs_with_only_aws_environment(
+    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path, s3_server: S3Server
+) -> None:
+    """An S3-compatible store needs no config file: the standard AWS_* variables suffice."""
+    from tests.servers.seaweedfs import new_bucket
+
+    watch, _ = dirs
+    url = f"s3://{new_bucket(s3_server, 'e2e')}/run-1/node-0"
+    round_trip(watch, url, s3_server.env(), tmp_path, daemons, secret=s3_server.secret_key)

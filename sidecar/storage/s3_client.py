@@ -1,0 +1,80 @@
+"""Build the boto3 S3 client from ``destination.s3`` without overriding what the user did
+not configure: credentials, region, endpoint, retries and profile come from boto3's own
+chain (environment, shared files, web identity, instance profile) unless set here.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import Mapping
+from typing import Any
+
+import botocore.session
+from botocore.config import Config
+
+from sidecar.storage.base import PermanentError
+from sidecar.storage.options import S3Options
+
+__all__ = ["full_crc", "make_client", "store_time", "write_args"]
+
+
+def make_client(opts: S3Options, *, pool_size: int) -> Any:
+    """A thread-safe botocore S3 client. Raises :class:`PermanentError` on bad settings.
+
+    Payload SHA-256 signing is turned off unless the profile turns it on: every body
+    carries a CRC32C that the store verifies, and over HTTPS botocore skips it anyway.
+    """
+    session = botocore.session.Session(profile=opts.profile)
+    try:
+        scoped = session.get_scoped_config().get("s3", {})
+    except Exception as e:  # botocore ProfileNotFound and friends
+        raise PermanentError(
+            f"S3 profile {opts.profile or '(from AWS_PROFILE)'!r} cannot be used "
+            f"({type(e).__name__}); fix destination.s3.profile or AWS_PROFILE"
+        ) from e
+    s3_cfg: dict[str, Any] = {}
+    if not isinstance(scoped, dict) or "payload_signing_enabled" not in scoped:
+        s3_cfg["payload_signing_enabled"] = False
+    if opts.addressing_style != "auto":
+        s3_cfg["addressing_style"] = opts.addressing_style
+    config = Config(s3=s3_cfg, max_pool_connections=pool_size)
+    kwargs: dict[str, Any] = {"config": config}
+    if opts.region:
+        kwargs["region_name"] = opts.region
+    if opts.endpoint_url:
+        kwargs["endpoint_url"] = opts.endpoint_url
+    try:
+        return session.create_client("s3", **kwargs)
+    except ValueError as e:  # botocore's InvalidEndpoint / InvalidRegion
+        raise PermanentError(
+            f"S3 client cannot be built: {e}; fix destination.s3.endpoint_url / region "
+            "(or AWS_ENDPOINT_URL_S3 / AWS_REGION)"
+        ) from e
+
+
+def write_args(opts: S3Options) -> dict[str, Any]:
+    """Extra arguments for every object write (PutObject, CreateMultipartUpload, CopyObject)."""
+    args: dict[str, Any] = {}
+    if opts.storage_class:
+        args["StorageClass"] = opts.storage_class
+    if opts.sse:
+        args["ServerSideEncryption"] = opts.sse
+    if opts.sse_kms_key_id:
+        args["SSEKMSKeyId"] = opts.sse_kms_key_id
+    if opts.bucket_key_enabled:
+        args["BucketKeyEnabled"] = True
+    return args
+
+
+def store_time(response: Mapping[str, Any]) -> float | None:
+    """The store's clock at the response (its ``Date`` header), seconds since the epoch."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    return email.utils.parsedate_to_datetime(date).timestamp() if date else None
+
+
+def full_crc(response: Mapping[str, Any]) -> str | None:
+    """The whole-object CRC32C of a response, or None when absent or COMPOSITE."""
+    crc = response.get("ChecksumCRC32C")
+    if not crc or "-" in crc or response.get("ChecksumType") == "COMPOSITE":
+        return None
+    return str(crc)

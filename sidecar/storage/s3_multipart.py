@@ -1,0 +1,314 @@
+"""Multipart upload and multipart copy, parts in parallel, memory bounded.
+
+One reader (the backend's reading thread) reads the file once, in order: each part updates the
+whole-file CRC32C, gets its own CRC32C and is reported to ``progress``. A part is
+read only after it got a slot of the backend-wide :class:`Budget`, so however many files
+go up at once, at most ``slots * part_size`` bytes of them are in memory. Each part
+carries its CRC32C and the upload completes with the whole-file CRC32C as a FULL_OBJECT
+checksum, so the store verifies both. Any failure or :class:`Cancelled` aborts the
+upload: pending parts are cancelled one by one, running ones are awaited, then
+AbortMultipartUpload is sent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import structlog
+
+from sidecar.storage.base import Progress, TransientError
+from sidecar.storage.checksum import Crc32c
+from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
+
+__all__ = [
+    "BAD_DIGEST_ATTEMPTS",
+    "MAX_PARTS",
+    "Budget",
+    "Target",
+    "abort",
+    "copy_in_parts",
+    "part_size_for",
+    "upload_in_parts",
+]
+
+log = structlog.get_logger("sidecar.storage.s3")
+
+MAX_PARTS = 10_000
+BAD_DIGEST_ATTEMPTS = 3
+
+
+class Budget:
+    """A bound on part buffers held at once, shared by every upload of one backend.
+
+    ``acquire(check)`` waits for a free slot, calling ``check`` (which raises a failed
+    part's error) each time a slot is given back, so a failure is seen while waiting.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._cond = threading.Condition()
+
+    def acquire(self, check: Callable[[], None] = lambda: None) -> None:
+        with self._cond:
+            while True:
+                check()
+                if self._free > 0:
+                    self._free -= 1
+                    return
+                self._cond.wait()
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the parts go: the client, bucket, full object key and write arguments."""
+
+    client: Any
+    bucket: str
+    key: str
+    write_args: dict[str, Any]
+
+
+def part_size_for(size: int, part_size: int) -> int:
+    """``part_size``, raised so that ``size`` fits in :data:`MAX_PARTS` parts."""
+    return max(part_size, -(-size // MAX_PARTS))
+
+
+def _read_part(
+    f: BinaryIO, size: int, whole: Crc32c, progress: Progress | None
+) -> tuple[bytes, str]:
+    """Read up to ``size`` bytes in one call (no copy beyond the kernel's), update the
+    whole-file CRC32C, and return them with their own CRC32C."""
+    body = f.read(size)
+    while 0 < len(body) < size:  # a short read before the end of the file
+        more = f.read(size - len(body))
+        if not more:
+            break
+        body += more
+    whole.update(body)
+    part = Crc32c()
+    part.update(body)
+    if progress and body:
+        progress(len(body))
+    return body, part.b64()
+
+
+def _send_part(t: Target, upload_id: str, number: int, body: bytes, crc: str) -> dict[str, Any]:
+    """UploadPart, sent again when the store answers BadDigest (bytes damaged on the way)."""
+    for attempt in range(1, BAD_DIGEST_ATTEMPTS + 1):
+        try:
+            r = t.client.upload_part(
+                Bucket=t.bucket,
+                Key=t.key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumCRC32C=crc,
+            )
+        except Exception as e:
+            err = map_error(e, op="UploadPart", bucket=t.bucket, key=t.key)
+            if isinstance(err, StoreRejectedChecksum) and attempt < BAD_DIGEST_ATTEMPTS:
+                log.warning("s3_part_bad_digest", key=t.key, part=number, attempt=attempt)
+                continue
+            raise err from e
+        return {"PartNumber": number, "ETag": r["ETag"], "ChecksumCRC32C": crc}
+    raise AssertionError("unreachable")
+
+
+def _run_parts(
+    t: Target,
+    upload_id: str,
+    concurrency: int,
+    produce: Callable[[cf.ThreadPoolExecutor, set[cf.Future[dict[str, Any]]]], None],
+) -> list[dict[str, Any]]:
+    """Run ``produce`` (which submits parts to a pool of ``concurrency`` threads); on any
+    failure cancel what is pending one by one, await what runs, abort, and re-raise."""
+    futures: set[cf.Future[dict[str, Any]]] = set()
+    pool = cf.ThreadPoolExecutor(concurrency, thread_name_prefix="s3-part")
+    try:
+        produce(pool, futures)
+        done, _ = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
+        return sorted((f.result() for f in done), key=lambda p: int(p["PartNumber"]))
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        cf.wait(futures)
+        abort(t, upload_id)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _raise_failed(futures: set[cf.Future[dict[str, Any]]]) -> None:
+    """Raise the error of the first part that failed, if any."""
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is not None:
+            f.result()
+
+
+def _submit(
+    pool: cf.ThreadPoolExecutor,
+    futures: set[cf.Future[dict[str, Any]]],
+    budget: Budget,
+    fn: Callable[..., dict[str, Any]],
+    *args: Any,
+) -> None:
+    """Submit a part that holds one ``budget`` slot until it is done (or cancelled)."""
+    future = pool.submit(fn, *args)
+    future.add_done_callback(lambda _: budget.release())
+    futures.add(future)
+
+
+def abort(t: Target, upload_id: str) -> None:
+    """AbortMultipartUpload, best effort (a failure is logged; the stale sweep retries)."""
+    try:
+        t.client.abort_multipart_upload(Bucket=t.bucket, Key=t.key, UploadId=upload_id)
+    except Exception as e:
+        log.warning(
+            "s3_abort_failed", key=t.key, error=str(map_error(e, op="Abort", bucket=t.bucket))
+        )
+
+
+def _create(t: Target) -> str:
+    try:
+        r = t.client.create_multipart_upload(
+            Bucket=t.bucket,
+            Key=t.key,
+            ChecksumAlgorithm="CRC32C",
+            ChecksumType="FULL_OBJECT",
+            **t.write_args,
+        )
+    except Exception as e:
+        raise map_error(e, op="CreateMultipartUpload", bucket=t.bucket, key=t.key) from e
+    return str(r["UploadId"])
+
+
+def _complete(t: Target, upload_id: str, parts: list[dict[str, Any]], crc: str | None) -> Any:
+    extra: dict[str, Any] = {}
+    if crc is not None:
+        extra = {"ChecksumCRC32C": crc, "ChecksumType": "FULL_OBJECT"}
+    try:
+        return t.client.complete_multipart_upload(
+            Bucket=t.bucket,
+            Key=t.key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": parts},
+            **extra,
+        )
+    except Exception as e:
+        raise map_error(e, op="CompleteMultipartUpload", bucket=t.bucket, key=t.key) from e
+
+
+def upload_in_parts(
+    t: Target,
+    path: Path,
+    size: int,
+    part_size: int,
+    concurrency: int,
+    budget: Budget,
+    reader: cf.Executor,
+    progress: Progress | None,
+) -> tuple[int, str]:
+    """Upload ``path`` (``size`` bytes when opened) to ``t``; return (bytes read, CRC32C b64).
+
+    At most ``concurrency`` parts of this file go up at once, and each part in memory
+    holds a ``budget`` slot. Parts are read on ``reader`` (the backend's one reading
+    thread): buffers allocated by one thread are reused by the C allocator, so memory stays
+    near ``budget`` slots however many files go up at once (bench/s3.md).
+
+    Raises ``OSError`` (reading), :class:`Cancelled` (from ``progress``) or a
+    :class:`StorageError`; in every case the multipart upload is aborted first.
+    """
+    part_size = part_size_for(size, part_size)
+    whole = Crc32c()
+    total = 0
+    with open(path, "rb") as f:
+        upload_id = _create(t)
+
+        def produce(pool: cf.ThreadPoolExecutor, futures: set[cf.Future[dict[str, Any]]]) -> None:
+            nonlocal total
+            number = 0
+            while True:
+                budget.acquire(lambda: _raise_failed(futures))
+                try:
+                    body, crc = reader.submit(_read_part, f, part_size, whole, progress).result()
+                except BaseException:
+                    budget.release()
+                    raise
+                if (not body and number > 0) or number >= MAX_PARTS:
+                    budget.release()
+                    if body:
+                        raise TransientError(f"{path} grew past {MAX_PARTS} parts while uploading")
+                    return
+                number += 1
+                total += len(body)
+                _submit(pool, futures, budget, _send_part, t, upload_id, number, body, crc)
+                del body
+
+        parts = _run_parts(t, upload_id, concurrency, produce)
+        crc = whole.b64()
+        try:
+            _complete(t, upload_id, parts, crc)
+        except BaseException:
+            abort(t, upload_id)
+            raise
+    return total, crc
+
+
+def _copy_part(
+    t: Target, upload_id: str, number: int, source: dict[str, str], first: int, last: int
+) -> dict[str, Any]:
+    try:
+        r = t.client.upload_part_copy(
+            Bucket=t.bucket,
+            Key=t.key,
+            UploadId=upload_id,
+            PartNumber=number,
+            CopySource=source,
+            CopySourceRange=f"bytes={first}-{last}",
+        )
+    except Exception as e:
+        raise map_error(e, op="UploadPartCopy", bucket=t.bucket, key=t.key) from e
+    part: dict[str, Any] = {"PartNumber": number, "ETag": r["CopyPartResult"]["ETag"]}
+    crc = r["CopyPartResult"].get("ChecksumCRC32C")
+    if crc:
+        part["ChecksumCRC32C"] = crc
+    return part
+
+
+def copy_in_parts(
+    t: Target,
+    source: dict[str, str],
+    size: int,
+    crc: str | None,
+    part_size: int,
+    concurrency: int,
+) -> None:
+    """Server-side copy of ``source`` (``size`` bytes, whole-object ``crc`` if known) with
+    UploadPartCopy; no object bytes pass through this process."""
+    part_size = part_size_for(size, part_size)
+    upload_id = _create(t)
+
+    slots = Budget(concurrency)
+
+    def produce(pool: cf.ThreadPoolExecutor, futures: set[cf.Future[dict[str, Any]]]) -> None:
+        for number, first in enumerate(range(0, size, part_size), start=1):
+            slots.acquire(lambda: _raise_failed(futures))
+            last = min(first + part_size, size) - 1
+            _submit(pool, futures, slots, _copy_part, t, upload_id, number, source, first, last)
+
+    parts = _run_parts(t, upload_id, concurrency, produce)
+    try:
+        _complete(t, upload_id, parts, crc)
+    except BaseException:
+        abort(t, upload_id)
+        raise

@@ -1,0 +1,118 @@
+"""S3 uploads: parts in parallel, the whole-object CRC32C on HEAD, cancel aborts."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sidecar.storage.base import Cancelled, NotFound
+from sidecar.storage.checksum import crc32c_of_bytes, crc32c_of_file
+from tests.conformance.test_s3 import MiB, s3_backend
+from tests.servers.seaweedfs import S3Proxy, S3Server, new_bucket
+
+
+def test_three_part_file_has_full_object_crc32c_on_head(s3_env: S3Server, tmp_path: Path) -> None:
+    src = tmp_path / "model.safetensors"
+    src.write_bytes(os.urandom(3 * 5 * MiB + 777))
+    bucket = new_bucket(s3_env)
+    backend = s3_backend(s3_env, bucket, "run")
+    info = backend.put_file("step3/model.safetensors", src)
+    assert info.crc32c == crc32c_of_file(src)
+    assert backend.head("step3/model.safetensors").crc32c == info.crc32c
+    raw = s3_env.client().head_object(
+        Bucket=bucket, Key="run/step3/model.safetensors", PartNumber=1, ChecksumMode="ENABLED"
+    )
+    assert raw["PartsCount"] == 4
+    plain = s3_env.client().head_object(
+        Bucket=bucket, Key="run/step3/model.safetensors", ChecksumMode="ENABLED"
+    )
+    assert plain["ChecksumType"] == "FULL_OBJECT"
+    assert plain["ChecksumCRC32C"] == info.crc32c
+    backend.close()
+
+
+def test_single_put_checksum_is_sent_and_on_head(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    data = os.urandom(200_000)
+    src = tmp_path / "opt.pt"
+    src.write_bytes(data)
+    backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
+    backend.put_file("opt.pt", src)
+    put = [r for r in s3_proxy.requests if r.method == "PUT" and r.path.endswith("/opt.pt")]
+    assert put[0].headers["x-amz-checksum-crc32c"] == crc32c_of_bytes(data)
+    assert backend.head("opt.pt").crc32c == crc32c_of_bytes(data)
+    backend.close()
+
+
+def test_parts_go_up_in_parallel_and_bounded(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(6 * 5 * MiB))
+    backend = s3_backend(
+        s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url, part_concurrency=3
+    )
+    backend.put_file("big.bin", src)
+    parts = [r for r in s3_proxy.requests if "partNumber=" in r.path]
+    assert len(parts) == 6
+    assert {r.body_size for r in parts} == {5 * MiB}
+    assert 2 <= s3_proxy.max_in_flight("partNumber=") <= 3
+    backend.close()
+
+
+def test_cancel_aborts_the_multipart_upload(s3_env: S3Server, tmp_path: Path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(4 * 5 * MiB))
+    bucket = new_bucket(s3_env)
+    backend = s3_backend(s3_env, bucket)
+    seen = 0
+
+    def cancel_after_two_parts(n: int) -> None:
+        nonlocal seen
+        seen += n
+        if seen > 2 * 5 * MiB:
+            raise Cancelled("superseded")
+
+    with pytest.raises(Cancelled):
+        backend.put_file("big.bin", src, progress=cancel_after_two_parts)
+    assert s3_env.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    with pytest.raises(NotFound):
+        backend.head("big.bin")
+    backend.close()
+
+
+def test_unreadable_part_aborts_too(s3_env: S3Server, tmp_path: Path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 * 5 * MiB))
+    bucket = new_bucket(s3_env)
+    backend = s3_backend(s3_env, bucket)
+
+    def disk_fails(n: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        backend.put_file("big.bin", src, progress=disk_fails)
+    assert s3_env.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    backend.close()
+
+
+def test_memory_budget_is_shared_by_concurrent_uploads(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    # Two files at once with part_concurrency=2: never more than 2 parts held/sent together.
+    backend = s3_backend(
+        s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url, part_concurrency=2
+    )
+    files = []
+    for i in range(2):
+        files.append(tmp_path / f"f{i}")
+        files[-1].write_bytes(os.urandom(3 * 5 * MiB))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda p: backend.put_file(p.name, p), files))
+    assert len([r for r in s3_proxy.requests if "partNumber=" in r.path]) == 6
+    assert s3_proxy.max_in_flight("partNumber=") <= 2
+    backend.close()
