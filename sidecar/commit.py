@@ -103,17 +103,26 @@ class Committer:
     def _path_in_manifest(item: CheckpointReady, rel: str) -> str:
         return rel if item.is_dir else item.name
 
+    def _already(self, item: CheckpointReady, generation: int) -> Outcome:
+        if self.on_committed is not None:
+            self.on_committed(item)
+        log.info("checkpoint.already_committed", checkpoint=item.name, generation=generation)
+        return Outcome.ALREADY
+
+    def _conflict(self, item: CheckpointReady, generation: int, manifest: str) -> None:
+        self.metrics.conflicts.inc()
+        log.warning(
+            "checkpoint.manifest_conflict",
+            checkpoint=item.name,
+            generation=generation,
+            manifest=manifest,
+            action="next generation",
+        )
+
     def commit(self, item: CheckpointReady, cancel: threading.Event) -> Outcome:
         prev = self.catalog.latest_for(item.name)
         if prev is not None and self.matches(item, prev):
-            for f in item.files:
-                self.cache.put(f.path, f.state, self._crc(f.path))
-            if self.on_committed is not None:
-                self.on_committed(item)
-            log.info(
-                "checkpoint.already_committed", checkpoint=item.name, generation=prev.generation
-            )
-            return Outcome.ALREADY
+            return self._already(item, prev.generation)
         generation = 0 if prev is None else prev.generation + 1
         for _ in range(_MAX_CONFLICTS):
             # A manifest our catalog did not know (another writer, a stale view): its objects
@@ -122,20 +131,8 @@ class Committer:
             if existing is not None:
                 self.catalog.add(existing)
                 if self.matches(item, existing):
-                    if self.on_committed is not None:
-                        self.on_committed(item)
-                    log.info(
-                        "checkpoint.already_committed", checkpoint=item.name, generation=generation
-                    )
-                    return Outcome.ALREADY
-                self.metrics.conflicts.inc()
-                log.warning(
-                    "checkpoint.manifest_conflict",
-                    checkpoint=item.name,
-                    generation=generation,
-                    manifest=existing.key,
-                    action="next generation",
-                )
+                    return self._already(item, generation)
+                self._conflict(item, generation, existing.key)
                 generation += 1
                 continue
             outcome = self._commit_generation(item, generation, cancel)
@@ -208,24 +205,11 @@ class Committer:
             )
         except AlreadyExists:
             existing = self._read_existing(manifest.key)
-            if existing is not None and existing.same_content(manifest):
-                self.catalog.add(existing)
-                if self.on_committed is not None:
-                    self.on_committed(item)
-                log.info(
-                    "checkpoint.already_committed", checkpoint=item.name, generation=generation
-                )
-                return Outcome.ALREADY
-            self.metrics.conflicts.inc()
-            log.warning(
-                "checkpoint.manifest_conflict",
-                checkpoint=item.name,
-                generation=generation,
-                manifest=manifest.key,
-                action="next generation",
-            )
             if existing is not None:
                 self.catalog.add(existing)
+                if existing.same_content(manifest):
+                    return self._already(item, generation)
+            self._conflict(item, generation, manifest.key)
             return None
         self.catalog.add(manifest)
         self._after_commit(item, manifest, results_copied=sum(r.copied for r in results))

@@ -115,6 +115,22 @@ class Daemon:
             self.proc.stdout.close()
 
 
+def cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m sidecar ARGS``; this environment minus ``CKPT_SIDECAR_*``, plus ``env``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
 def checkpoint_is(name: str) -> Callable[[Event], bool]:
     return lambda e: e.get("checkpoint") == name
 

@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def _run(
-    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=60,
-        cwd=cwd,
-    )
+from tests.e2e.harness import cli
 
 
 def test_help_lists_the_subcommands() -> None:
-    r = _run(["--help"])
+    r = cli("--help")
     assert r.returncode == 0
     for cmd in ("run", "restore", "list", "verify", "config", "drain"):
         assert cmd in r.stdout
-    r = _run(["restore", "--help"])
+    r = cli("restore", "--help")
     for flag in (
         "--to",
         "--checkpoint",
@@ -47,20 +31,20 @@ def test_help_lists_the_subcommands() -> None:
 def test_config_prints_effective_config_with_secrets_redacted(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("admin:\n  token: s3cr3t-token\nwatch:\n  path: /data/ckpt\n")
-    r = _run(["config", "--config", str(cfg)], env={"CKPT_SIDECAR_UPLOAD__CONCURRENCY": "7"})
+    r = cli("config", "--config", str(cfg), env={"CKPT_SIDECAR_UPLOAD__CONCURRENCY": "7"})
     assert r.returncode == 0, r.stderr
     assert "s3cr3t-token" not in r.stdout and "***" in r.stdout
     assert "/data/ckpt" in r.stdout and "concurrency: 7" in r.stdout
-    r = _run(["config", "--config", str(cfg), "--watch", "/flag/wins"])
+    r = cli("config", "--config", str(cfg), "--watch", "/flag/wins")
     assert "/flag/wins" in r.stdout
-    assert _run(["config", "--check", "--config", str(cfg)]).returncode == 0
+    assert cli("config", "--check", "--config", str(cfg)).returncode == 0
 
 
 def test_example_config_is_valid_and_documents_every_key() -> None:
     from sidecar.config import Config
 
     example = Path(__file__).parents[2] / "config.example.yaml"
-    assert _run(["config", "--check", "--config", str(example)]).returncode == 0
+    assert cli("config", "--check", "--config", str(example)).returncode == 0
     import yaml
 
     doc = yaml.safe_load(example.read_text())
@@ -129,7 +113,7 @@ def test_bad_config_exits_2_naming_the_key(
     tmp_path: Path, case: str, env: dict[str, str], flags: list[str], key: str
 ) -> None:
     (tmp_path / "w").mkdir()
-    r = _run(["run", "--watch", str(tmp_path / "w"), *flags], env=env, cwd=tmp_path)
+    r = cli("run", "--watch", str(tmp_path / "w"), *flags, env=env, cwd=tmp_path)
     assert r.returncode == 2, (case, r.stdout, r.stderr)
     assert key in r.stderr, r.stderr
     assert "hunter2" not in r.stderr
@@ -137,25 +121,23 @@ def test_bad_config_exits_2_naming_the_key(
 
 
 def test_bad_yaml_and_missing_config_file(tmp_path: Path) -> None:
-    r = _run(["run", "--config", str(tmp_path / "nope.yaml")])
+    r = cli("run", "--config", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "does not exist" in r.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("watch: [unclosed\n")
-    r = _run(["run", "--config", str(bad)])
+    r = cli("run", "--config", str(bad))
     assert r.returncode == 2 and "not valid YAML" in r.stderr
 
 
 def test_watch_path_problems_exit_2(tmp_path: Path) -> None:
-    r = _run(["run", "--watch", str(tmp_path / "missing"), "--destination", f"file://{tmp_path}/r"])
+    r = cli("run", "--watch", str(tmp_path / "missing"), "--destination", f"file://{tmp_path}/r")
     assert r.returncode == 2 and "does not exist" in r.stderr
     f = tmp_path / "file"
     f.write_text("x")
-    r = _run(["run", "--watch", str(f), "--destination", f"file://{tmp_path}/r"])
+    r = cli("run", "--watch", str(f), "--destination", f"file://{tmp_path}/r")
     assert r.returncode == 2 and "is a file" in r.stderr
     (tmp_path / "w").mkdir()
-    r = _run(
-        ["run", "--watch", str(tmp_path / "w"), "--destination", f"file://{tmp_path}/w/remote"]
-    )
+    r = cli("run", "--watch", str(tmp_path / "w"), "--destination", f"file://{tmp_path}/w/remote")
     assert r.returncode == 2 and "inside watch.path" in r.stderr
 
 
@@ -165,8 +147,12 @@ def test_admin_port_in_use_exits_2(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = _run(
-            ["run", "--watch", str(tmp_path / "w"), "--destination", f"file://{tmp_path}/r"],
+        r = cli(
+            "run",
+            "--watch",
+            str(tmp_path / "w"),
+            "--destination",
+            f"file://{tmp_path}/r",
             env={"CKPT_SIDECAR_ADMIN__PORT": str(port)},
         )
     assert r.returncode == 2 and "admin.port" in r.stderr

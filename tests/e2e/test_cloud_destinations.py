@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.e2e.harness import Daemon, checkpoint_is, same_tree, write_atomic
+from tests.e2e.harness import Daemon, checkpoint_is, cli, same_tree, write_atomic
 
 if TYPE_CHECKING:
     from tests.servers.azurite import Azurite
     from tests.servers.gcs import GcsServer
     from tests.servers.seaweedfs import S3Server
-
-
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
-    full.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=180,
-    )
 
 
 def round_trip(
@@ -58,13 +44,13 @@ def round_trip(
         assert not any(secret in line for line in d.raw), "a secret reached the logs"
 
     base = ["--destination", url]
-    r = _cli(["list", "--json", *base], env)
+    r = cli("list", "--json", *base, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count('"name"') == 3
-    r = _cli(["verify", "--all", "--deep", *base], env)
+    r = cli("verify", "--all", "--deep", *base, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     target = tmp_path / "restored"
-    r = _cli(["restore", "--to", str(target), *base], env)
+    r = cli("restore", "--to", str(target), *base, env=env)
     assert r.returncode == 0, r.stderr
     assert same_tree(watch / "step_3", target / "step_3")
     if secret:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -16,23 +14,12 @@ from tests.e2e.harness import (
     Daemon,
     assert_invariant,
     checkpoint_is,
+    cli,
     manifests,
     same_tree,
     step_at_least,
     write_atomic,
 )
-
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=120,
-    )
 
 
 def test_renamed_single_files_are_committed(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
@@ -128,7 +115,7 @@ def test_restore_is_byte_identical_and_falls_back(
 
     target = tmp_path / "restored"
     target.mkdir()
-    r = _cli("restore", "--to", str(target), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(target), "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     assert same_tree(watch / "step_2", target / "step_2")
     assert not (target / "step_1").exists()
@@ -140,29 +127,29 @@ def test_restore_is_byte_identical_and_falls_back(
     data[1000] ^= 0xFF
     victim.write_bytes(bytes(data))
     again = tmp_path / "again"
-    r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(again), "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     assert "step_2/model.bin" in r.stderr
     assert same_tree(watch / "step_1", again / "step_1")
     assert not (again / "step_2").exists()
 
     # The same entry again: already there, nothing to do (a restart of the init container).
-    r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(again), "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     # A different entry of that name: refused without --force, moved aside with it.
     (again / "step_1" / "model.bin").write_bytes(b"trainer changed it")
-    r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(again), "--destination", f"file://{remote}")
     assert r.returncode == 1 and "--force" in r.stderr
-    r = _cli("restore", "--to", str(again), "--destination", f"file://{remote}", "--force")
+    r = cli("restore", "--to", str(again), "--destination", f"file://{remote}", "--force")
     assert r.returncode == 0, r.stderr
     assert any(p.name.startswith("step_1.replaced-") for p in again.iterdir())
 
 
 def test_restore_exit_codes_when_nothing_there(tmp_path: Path) -> None:
     empty = f"file://{tmp_path / 'remote'}"
-    r = _cli("restore", "--to", str(tmp_path / "t"), "--destination", empty)
+    r = cli("restore", "--to", str(tmp_path / "t"), "--destination", empty)
     assert r.returncode == 3, r.stderr
-    r = _cli("restore", "--to", str(tmp_path / "t"), "--destination", empty, "--allow-empty")
+    r = cli("restore", "--to", str(tmp_path / "t"), "--destination", empty, "--allow-empty")
     assert r.returncode == 0, r.stderr
 
 
@@ -177,7 +164,7 @@ def test_restore_when_none_verifies_exits_1(
     d.wait_for("checkpoint.committed")
     assert d.terminate() == 0
     (remote / "only_1.pt").write_bytes(b"truncated")
-    r = _cli("restore", "--to", str(tmp_path / "t"), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(tmp_path / "t"), "--destination", f"file://{remote}")
     assert r.returncode == 1
     assert "none verifies" in r.stderr and "only_1.pt" in r.stderr
 
@@ -195,13 +182,13 @@ def test_list_and_verify(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None
     assert status["state"] == "running"
     assert status["last_committed"]["name"] == "a_1.pt"
     assert d.terminate() == 0
-    r = _cli("list", "--json", "--destination", f"file://{remote}")
+    r = cli("list", "--json", "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(row["name"], row["step"], row["files"]) for row in rows] == [("a_1.pt", 1, 1)]
-    assert _cli("verify", "--all", "--deep", "--destination", f"file://{remote}").returncode == 0
+    assert cli("verify", "--all", "--deep", "--destination", f"file://{remote}").returncode == 0
     (remote / "a_1.pt").write_bytes(b"x" * 5000)
-    r = _cli("verify", "a_1.pt", "--deep", "--destination", f"file://{remote}")
+    r = cli("verify", "a_1.pt", "--deep", "--destination", f"file://{remote}")
     assert r.returncode == 1 and "a_1.pt" in r.stdout
 
 
@@ -239,7 +226,7 @@ def test_name_written_again_becomes_a_generation(
     assert (remote / "last.ckpt").read_bytes() == first  # never written over
     assert (remote / "last.ckpt@g1").read_bytes() == second
     assert_invariant(remote)
-    r = _cli("restore", "--to", str(tmp_path / "t"), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(tmp_path / "t"), "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "t" / "last.ckpt").read_bytes() == second
 
@@ -288,6 +275,6 @@ def test_sigkill_trials_converge(
             assert (watch / name / f.path).read_bytes() == (remote / f.key).read_bytes()
     assert final.terminate() == 0
     target = tmp_path / "restored"
-    r = _cli("restore", "--to", str(target), "--destination", f"file://{remote}")
+    r = cli("restore", "--to", str(target), "--destination", f"file://{remote}")
     assert r.returncode == 0, r.stderr
     assert same_tree(watch / f"step_{step}", target / f"step_{step}")
