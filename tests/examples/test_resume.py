@@ -239,3 +239,15 @@ def test_s3_spot_notice_emergency_checkpoint_comes_back_byte_exact(
     watch.mkdir()
     stopped = job.spot_notice_at_random_step(watch, 0)
     job.restored("machine-b", stopped, written_on="machine-a")
+
+
+def test_s3_sigkill_then_spot_notice_resumes_bit_exact(
+    s3_env: S3Server, tmp_path: Path, references: References, job_parts: dict[str, Any]
+) -> None:
+    """The whole story of the plain example on an s3:// destination (SeaweedFS)."""
+    references.start("plain")
+    job = Job(EXAMPLES["plain"], _s3(s3_env), **job_parts)
+    committed = job.sigkill_at_random_step("machine-a")
+    watch = job.restored("machine-b", committed, written_on="machine-a")
+    stopped = job.spot_notice_at_random_step(watch, committed)
+    job.finish_and_compare("machine-c", stopped, "machine-b", references)
