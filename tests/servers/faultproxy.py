@@ -27,7 +27,8 @@ _SLOWDOWN = (
 
 @dataclass
 class Faults:
-    """What the proxy does now. ``rate`` is bytes/s per direction (0 = no limit)."""
+    """What the proxy does now. ``rate`` caps client-to-server bytes/s over all connections
+    together, like an uplink (0 = no limit)."""
 
     rate: int = 0
     refuse: bool = False
@@ -49,6 +50,7 @@ class FaultProxy:
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._uplink_free_at = 0.0  # monotonic time the shared uplink is free again
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -114,10 +116,20 @@ class FaultProxy:
         with self._lock:
             self._conns.discard(client)
             self._conns.discard(upstream)
+        for s in (client, upstream):
+            s.close()
+
+    def _throttle(self, n: int, rate: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._uplink_free_at, now)
+            self._uplink_free_at = start + n / rate
+            wait = self._uplink_free_at - now
+        if wait > 0:
+            time.sleep(wait)  # this is the slow link itself, not a test waiting
 
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         sent = 0
-        started = time.monotonic()
         try:
             while True:
                 data = src.recv(65536)
@@ -130,12 +142,10 @@ class FaultProxy:
                         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
                         s.close()
                     return
+                if upstream and f.rate:
+                    self._throttle(len(data), f.rate)
                 dst.sendall(data)
                 sent += len(data)
-                if f.rate:
-                    ahead = sent / f.rate - (time.monotonic() - started)
-                    if ahead > 0:
-                        time.sleep(ahead)
         except OSError:
             pass
         finally:

@@ -1,0 +1,125 @@
+"""A notice while an older checkpoint uploads over a slow link and a newer one is complete:
+the newer one is committed before the deadline and the older one is abandoned cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.e2e.harness import Daemon, checkpoint_is, write_atomic
+from tests.servers.faultproxy import FaultProxy
+
+if TYPE_CHECKING:
+    from tests.servers.gcs import GcsServer
+
+MB = 1024 * 1024
+UPLINK = 2 * MB  # bytes/s through the proxy, for every upload together
+
+
+@pytest.fixture
+def slow_gcs(gcs_emulator: GcsServer) -> Iterator[FaultProxy]:
+    host, port = gcs_emulator.url.removeprefix("http://").split(":")
+    proxy = FaultProxy(host, int(port))
+    proxy.set(rate=UPLINK)
+    yield proxy
+    proxy.close()
+
+
+def _sent(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=5) as r:
+        flight = json.load(r)["in_flight"]
+    return sum(f["sent"] for f in flight["files"]) if flight else 0
+
+
+def test_newest_checkpoint_beats_the_deadline_older_is_abandoned(
+    dirs: tuple[Path, Path],
+    daemons: list[Daemon],
+    slow_gcs: FaultProxy,
+    gcs_emulator: GcsServer,
+) -> None:
+    watch, _ = dirs
+    bucket = gcs_emulator.new_bucket("drain")
+    grace = 8.0
+    d = Daemon(
+        watch,
+        f"gs://{bucket}/run",
+        env={
+            "STORAGE_EMULATOR_HOST": slow_gcs.url,
+            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
+            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
+        },
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready", timeout=60)
+    port = d.admin_port
+
+    older = watch / "step_1"
+    tmp = watch / "step_1.partial"
+    tmp.mkdir()
+    for i in range(2):
+        (tmp / f"shard{i}.bin").write_bytes(os.urandom(10 * MB))  # 20 MB: 10 s at the uplink
+    os.replace(tmp, older)
+    d.wait_for("checkpoint.ready", where=checkpoint_is("step_1"))
+    tick = threading.Event()
+    while _sent(port) < 1 * MB:  # the older one is on its way
+        tick.wait(0.1)
+    write_atomic(watch / "step_2.pt", os.urandom(3 * MB))  # 1.5 s at the uplink
+    d.wait_for("checkpoint.ready", where=checkpoint_is("step_2.pt"))
+
+    d.proc.send_signal(signal.SIGUSR1)  # deadline = now + grace
+    d.wait_for("drain.cancel_older", where=lambda e: e["checkpoint"] == "step_1")
+    committed = d.wait_for("checkpoint.committed", timeout=grace, where=checkpoint_is("step_2.pt"))
+    done = d.wait_for("drain.done", timeout=grace)
+    assert done["outcome"] == "committed", done
+    assert done["margin_seconds"] > 0, done
+    assert committed["bytes"] == 3 * MB
+    d.wait_for("checkpoint.cancelled", where=checkpoint_is("step_1"))
+    assert d.terminate() == 0
+    assert all(e["checkpoint"] != "step_1" for e in d.named("checkpoint.committed"))
+
+
+def test_emergency_checkpoint_after_the_notice_goes_first(
+    dirs: tuple[Path, Path],
+    daemons: list[Daemon],
+    slow_gcs: FaultProxy,
+    gcs_emulator: GcsServer,
+) -> None:
+    watch, _ = dirs
+    bucket = gcs_emulator.new_bucket("emergency")
+    grace = 8.0
+    d = Daemon(
+        watch,
+        f"gs://{bucket}/run",
+        env={
+            "STORAGE_EMULATOR_HOST": slow_gcs.url,
+            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
+            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
+        },
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready", timeout=60)
+    write_atomic(watch / "step_2.pt", os.urandom(12 * MB))  # 6 s at the uplink
+    d.wait_for("checkpoint.ready", where=checkpoint_is("step_2.pt"))
+    tick = threading.Event()
+    while _sent(d.admin_port) < 1 * MB:
+        tick.wait(0.1)
+    d.proc.send_signal(signal.SIGUSR1)
+    d.wait_for("drain.started")
+    # The trainer sees the notice file and writes an emergency checkpoint at once.
+    assert (watch / ".ckpt-sidecar-notice.json").is_file()
+    write_atomic(watch / "step_3.pt", os.urandom(1 * MB))
+    d.wait_for("drain.emergency_checkpoint", where=checkpoint_is("step_3.pt"))
+    first = d.wait_for("checkpoint.committed", timeout=grace)
+    assert first["checkpoint"] == "step_3.pt", "the emergency checkpoint is committed first"
+    done = d.wait_for("drain.done", timeout=grace)
+    assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_3.pt"
+    assert done["margin_seconds"] > 0
+    assert d.terminate() == 0
