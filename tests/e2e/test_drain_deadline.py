@@ -123,3 +123,40 @@ def test_emergency_checkpoint_after_the_notice_goes_first(
     assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_3.pt"
     assert done["margin_seconds"] > 0
     assert d.terminate() == 0
+
+
+def test_older_nearly_done_goes_first_when_the_newest_cannot_make_it(
+    dirs: tuple[Path, Path],
+    daemons: list[Daemon],
+    slow_gcs: FaultProxy,
+    gcs_emulator: GcsServer,
+) -> None:
+    watch, _ = dirs
+    bucket = gcs_emulator.new_bucket("older")
+    grace = 5.0
+    d = Daemon(
+        watch,
+        f"gs://{bucket}/run",
+        env={
+            "STORAGE_EMULATOR_HOST": slow_gcs.url,
+            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
+            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
+        },
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready", timeout=60)
+    write_atomic(watch / "step_1.pt", os.urandom(6 * MB))  # 3 s at the uplink
+    d.wait_for("checkpoint.ready", where=checkpoint_is("step_1.pt"))
+    tick = threading.Event()
+    while _sent(d.admin_port) < 4 * MB:  # nearly done: about 1 s left
+        tick.wait(0.05)
+    write_atomic(watch / "step_2.pt", os.urandom(30 * MB))  # 15 s: cannot make a 5 s deadline
+    d.wait_for("checkpoint.ready", where=checkpoint_is("step_2.pt"))
+    d.proc.send_signal(signal.SIGUSR1)
+    older = d.wait_for("drain.older_first", where=checkpoint_is("step_1.pt"))
+    assert older["chosen"] == "step_2.pt"
+    d.wait_for("checkpoint.committed", timeout=grace, where=checkpoint_is("step_1.pt"))
+    done = d.wait_for("drain.done", timeout=grace + 5)
+    assert done["outcome"] == "missed" and done["not_durable"] == ["step_2.pt"]
+    assert done["last_committed"]["name"] == "step_1.pt"
+    d.kill()  # the machine is gone at the deadline
