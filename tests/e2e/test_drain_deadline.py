@@ -33,6 +33,24 @@ def slow_gcs(gcs_emulator: GcsServer) -> Iterator[FaultProxy]:
     proxy.close()
 
 
+def _daemon(
+    watch: Path, daemons: list[Daemon], proxy: FaultProxy, bucket: str, grace: float
+) -> Daemon:
+    """The daemon uploading through the slow uplink in 256 KiB chunks; notice deadline = grace."""
+    d = Daemon(
+        watch,
+        f"gs://{bucket}/run",
+        env={
+            "STORAGE_EMULATOR_HOST": proxy.url,
+            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
+            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
+        },
+    )
+    daemons.append(d)
+    d.wait_for("daemon.ready", timeout=60)
+    return d
+
+
 def _sent(port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=5) as r:
         flight = json.load(r)["in_flight"]
@@ -46,19 +64,8 @@ def test_newest_checkpoint_beats_the_deadline_older_is_abandoned(
     gcs_emulator: GcsServer,
 ) -> None:
     watch, _ = dirs
-    bucket = gcs_emulator.new_bucket("drain")
     grace = 8.0
-    d = Daemon(
-        watch,
-        f"gs://{bucket}/run",
-        env={
-            "STORAGE_EMULATOR_HOST": slow_gcs.url,
-            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
-            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
-        },
-    )
-    daemons.append(d)
-    d.wait_for("daemon.ready", timeout=60)
+    d = _daemon(watch, daemons, slow_gcs, gcs_emulator.new_bucket("drain"), grace)
     port = d.admin_port
 
     older = watch / "step_1"
@@ -93,19 +100,8 @@ def test_emergency_checkpoint_after_the_notice_goes_first(
     gcs_emulator: GcsServer,
 ) -> None:
     watch, _ = dirs
-    bucket = gcs_emulator.new_bucket("emergency")
     grace = 8.0
-    d = Daemon(
-        watch,
-        f"gs://{bucket}/run",
-        env={
-            "STORAGE_EMULATOR_HOST": slow_gcs.url,
-            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
-            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
-        },
-    )
-    daemons.append(d)
-    d.wait_for("daemon.ready", timeout=60)
+    d = _daemon(watch, daemons, slow_gcs, gcs_emulator.new_bucket("emergency"), grace)
     write_atomic(watch / "step_2.pt", os.urandom(12 * MB))  # 6 s at the uplink
     d.wait_for("checkpoint.ready", where=checkpoint_is("step_2.pt"))
     tick = threading.Event()
@@ -132,19 +128,8 @@ def test_older_nearly_done_goes_first_when_the_newest_cannot_make_it(
     gcs_emulator: GcsServer,
 ) -> None:
     watch, _ = dirs
-    bucket = gcs_emulator.new_bucket("older")
     grace = 5.0
-    d = Daemon(
-        watch,
-        f"gs://{bucket}/run",
-        env={
-            "STORAGE_EMULATOR_HOST": slow_gcs.url,
-            "CKPT_SIDECAR_DESTINATION__GCS__CHUNK_SIZE_BYTES": str(256 * 1024),
-            "CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": str(grace),
-        },
-    )
-    daemons.append(d)
-    d.wait_for("daemon.ready", timeout=60)
+    d = _daemon(watch, daemons, slow_gcs, gcs_emulator.new_bucket("older"), grace)
     write_atomic(watch / "step_1.pt", os.urandom(6 * MB))  # 3 s at the uplink
     d.wait_for("checkpoint.ready", where=checkpoint_is("step_1.pt"))
     tick = threading.Event()
