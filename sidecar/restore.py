@@ -190,6 +190,7 @@ def restore(
 ) -> RestoreResult:
     """Restore the newest (or the named) checkpoint that verifies into ``target``."""
     target.mkdir(parents=True, exist_ok=True)
+    _sweep_abandoned(target)
     candidates = _candidates(backend, name)
     if not candidates:
         raise NothingToRestore(
@@ -255,6 +256,18 @@ def restore(
     raise NoneVerifies(
         "manifests exist but none verifies: " + "; ".join(f"{n}: {r}" for n, r in skipped)
     )
+
+
+def _sweep_abandoned(target: Path, older_than: float = 60.0) -> None:
+    """Remove work folders of restores that were killed (untouched for ``older_than`` s)."""
+    cutoff = time.time() - older_than
+    for work in target.glob(f"{WORK_PREFIX}*"):
+        try:
+            if work.is_dir() and work.stat().st_mtime < cutoff:
+                shutil.rmtree(work, ignore_errors=True)
+                log.info("restore.abandoned_work_removed", path=str(work))
+        except OSError:
+            continue
 
 
 def _already_present(m: Manifest, entry: Path, cache: StateCache | None) -> bool:
