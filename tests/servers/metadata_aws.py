@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.servers.fakehttp import FakeHttpService, QuietServer
 
 __all__ = ["FakeAwsMetadata", "Hit", "aws_metadata"]
 
@@ -41,44 +42,20 @@ class Hit:
     at: float
 
 
-class FakeAwsMetadata:
+class FakeAwsMetadata(FakeHttpService):
     """See the module docstring. Thread-safe; every method may be called while serving."""
 
     def __init__(self, *, imdsv1_allowed: bool = False) -> None:
+        super().__init__()
         self.imdsv1_allowed = imdsv1_allowed
         self.flipped_at: float | None = None
-        self._cond = threading.Condition()
         self._tokens: dict[str, float] = {}
         self._documents: dict[str, bytes] = {"/latest/meta-data/instance-id": b"i-0fake"}
         self._hang = False
-        self._stopping = False
         self._hits: list[Hit] = []
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeAwsMetadata:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     def interrupt(self, action: str = "terminate", at: datetime | None = None) -> datetime:
         """From now on ``spot/instance-action`` answers ``action`` at ``at`` (now + 2 min)."""
@@ -150,13 +127,8 @@ class FakeAwsMetadata:
         return h.reply(200, body)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
+class _Server(QuietServer):
     fake: FakeAwsMetadata
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away is normal here (timeouts, aborted long polls)."""
 
 
 class _Handler(BaseHTTPRequestHandler):

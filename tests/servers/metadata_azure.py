@@ -17,59 +17,36 @@ from __future__ import annotations
 
 import email.utils
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.servers.fakehttp import FakeHttpService, QuietServer
+
 __all__ = ["FakeAzureMetadata", "azure_metadata"]
 
 
-class FakeAzureMetadata:
+class FakeAzureMetadata(FakeHttpService):
     """See the module docstring. Thread-safe; every method may be called while serving."""
 
     def __init__(self, vm_name: str = "gpu-vm-0", first_call_delay: float = 0.0) -> None:
+        super().__init__()
         self.vm_name = vm_name
         self.first_call_delay = first_call_delay
         self.flipped_at: float | None = None
         self.approved: list[str] = []
         self.event_calls = 0
-        self._cond = threading.Condition()
         self._events: dict[str, dict[str, Any]] = {}
         self._incarnation = 1
-        self._stopping = False
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeAzureMetadata:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     def schedule(
         self,
@@ -150,13 +127,8 @@ class FakeAzureMetadata:
         return h.reply(200, "")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
+class _Server(QuietServer):
     fake: FakeAzureMetadata
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away is normal here (timeouts, aborted requests)."""
 
 
 class _Handler(BaseHTTPRequestHandler):

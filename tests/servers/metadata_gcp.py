@@ -14,14 +14,15 @@ Start with :meth:`start`, stop with :meth:`stop`, or use the ``gcp_metadata`` fi
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+
+from tests.servers.fakehttp import FakeHttpService, QuietServer
 
 __all__ = ["FakeGcpMetadata", "etag_of", "gcp_metadata"]
 
@@ -32,12 +33,12 @@ def etag_of(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
-class FakeGcpMetadata:
+class FakeGcpMetadata(FakeHttpService):
     """See the module docstring. Thread-safe; every method may be called while serving."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.flipped_at: float | None = None
-        self._cond = threading.Condition()
         self._values = {
             "instance/preempted": "FALSE",
             "instance/maintenance-event": "NONE",
@@ -46,9 +47,9 @@ class FakeGcpMetadata:
         self._failures: list[int] = []
         self._waiting = 0
         self._requests = 0
-        self._stopping = False
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     @property
     def host(self) -> str:
@@ -66,25 +67,6 @@ class FakeGcpMetadata:
     def requests(self) -> int:
         with self._cond:
             return self._requests
-
-    def start(self) -> FakeGcpMetadata:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
 
     def set(self, key: str, value: str) -> None:
         with self._cond:
@@ -140,13 +122,8 @@ class FakeGcpMetadata:
             self._waiting -= 1
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
+class _Server(QuietServer):
     fake: FakeGcpMetadata
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away is normal here (timeouts, aborted long polls)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
