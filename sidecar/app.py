@@ -264,8 +264,8 @@ class Daemon:
 
         while not self.stop_event.is_set():
             try:
-                loaded = retry(
-                    lambda: Catalog.load(self.backend, invalid),
+                retry(
+                    lambda: self.catalog.fill_from(self.backend, invalid),
                     self.backoff,
                     wait=self.stop_event.wait,
                 )
@@ -277,14 +277,11 @@ class Daemon:
             except TransientError as e:
                 log.warning("storage.unavailable", operation="list manifests", error=str(e))
                 continue
-            for m in loaded.all():
-                self.catalog.add(m)
-            self.catalog.add_sequence_floor(loaded.next_sequence() - 1)
             newest = self.catalog.newest()
             if newest is not None and newest.step is not None:
                 self.metrics.last_step.set(newest.step)
             self.health.catalog_loaded = True
-            log.info("catalog.loaded", checkpoints=len(loaded.all()))
+            log.info("catalog.loaded", checkpoints=len(self.catalog.all()))
             return True
         return False
 

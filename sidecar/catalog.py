@@ -33,7 +33,13 @@ class Catalog:
         cls, backend: Backend, on_invalid: Callable[[str, str], None] | None = None
     ) -> Catalog:
         """List and read every manifest; invalid ones go to ``on_invalid(key, reason)``."""
-        cat = cls()
+        return cls().fill_from(backend, on_invalid)
+
+    def fill_from(
+        self, backend: Backend, on_invalid: Callable[[str, str], None] | None = None
+    ) -> Catalog:
+        """Add every valid manifest of ``backend`` (idempotent: safe to call again after an
+        interrupted listing) and raise the sequence floor to ``LATEST``'s. Returns ``self``."""
         for info in backend.list(MANIFEST_PREFIX):
             if not info.key.endswith(".json"):
                 continue
@@ -49,15 +55,15 @@ class Catalog:
                 if on_invalid:
                     on_invalid(info.key, f"names {m.name!r} generation {m.generation}")
                 continue
-            cat.add(m)
+            self.add(m)
         try:
             latest = json.loads(backend.get_bytes(LATEST_KEY))
             seq = latest.get("sequence") if isinstance(latest, dict) else None
             if isinstance(seq, int):
-                cat._max_sequence = max(cat._max_sequence, seq)
+                self.add_sequence_floor(seq)
         except (NotFound, ValueError):
             pass
-        return cat
+        return self
 
     def add(self, m: Manifest) -> None:
         with self._lock:
