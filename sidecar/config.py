@@ -120,6 +120,7 @@ class QueueConfig(_Section):
 class RetentionConfig(_Section):
     keep_last: int = Field(default=3, ge=2)
     keep_every_steps: int = Field(default=0, ge=0)
+    orphan_sweep_hours: float = Field(default=24.0, ge=0)
 
 
 class PreemptionConfig(_Section):

@@ -62,6 +62,11 @@ class Metrics:
         self.superseded = Counter(
             p + "checkpoints_superseded", "Checkpoints dropped for a newer one", registry=r
         )
+        self.orphans_deleted = Counter(
+            p + "orphans_deleted",
+            "Objects of checkpoint names no manifest names, deleted by the sweep once old",
+            registry=r,
+        )
         self.committed = Counter(p + "checkpoints_committed", "Checkpoints committed", registry=r)
         self.conflicts = Counter(
             p + "manifest_conflicts",

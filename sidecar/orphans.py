@@ -1,0 +1,91 @@
+"""The orphan sweep: delete objects that no manifest names and no upload owns, once old.
+
+Orphans come from two kinds of interruption: a kill after a checkpoint's objects but before
+its manifest (the next attempt usually writes the same keys again, but a checkpoint the
+trainer deleted meanwhile never comes back), and retention killed after deleting a manifest
+(the tombstone) but before its objects.
+
+Guarantees:
+
+* Only keys that belong to a checkpoint name of the configured layout are candidates
+  (``name``, ``name/...``, ``name@gN``, ``name@gN/...``); anything else in the destination is
+  not ours and is never touched, nor is anything under ``.ckpt-sidecar/``.
+* The set of live keys comes from a fresh, complete listing of the manifests taken *before*
+  the objects are listed. A manifest that cannot be read or parsed stops the sweep (its
+  objects might be live); so does any storage error.
+* Only objects whose store time is older than ``older_than`` seconds are deleted: an upload in
+  progress (here or on another host) is far younger than a day.
+* ``abort()`` is checked between deletes, so a new checkpoint or a drain never waits long.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.catalog import Catalog
+from sidecar.storage.base import Backend
+from sidecar.watch.layouts import Layout
+
+__all__ = ["SweepResult", "owner_name", "sweep_orphans"]
+
+log = structlog.get_logger("sidecar.orphans")
+
+_GENERATION = re.compile(r"@g[0-9]+$")
+_OURS = ".ckpt-sidecar"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    deleted: tuple[str, ...] = ()
+    skipped_reason: str | None = None
+
+
+def owner_name(key: str) -> tuple[str, bool] | None:
+    """The checkpoint name a data key would belong to, and whether that entry is a folder;
+    None for our own bookkeeping keys."""
+    first, sep, _ = key.partition("/")
+    if not first or first.startswith(_OURS):
+        return None
+    return _GENERATION.sub("", first), bool(sep)
+
+
+def sweep_orphans(
+    backend: Backend,
+    layout: Layout,
+    *,
+    older_than: float,
+    now: Callable[[], float] = time.time,
+    abort: Callable[[], bool] = lambda: False,
+) -> SweepResult:
+    """Delete orphans older than ``older_than`` seconds; never raises for storage errors (they
+    end the sweep and are reported in ``skipped_reason``)."""
+    invalid: list[str] = []
+    try:
+        catalog = Catalog().fill_from(backend, lambda key, reason: invalid.append(key))
+    except Exception as e:  # a store that is down: try again at the next sweep
+        return SweepResult(skipped_reason=f"listing manifests failed: {e}")
+    if invalid:
+        return SweepResult(skipped_reason=f"unreadable manifest {invalid[0]}: its objects may live")
+    live = {f.key for m in catalog.all() for f in m.files}
+    cutoff = now() - older_than
+    deleted: list[str] = []
+    try:
+        for info in backend.list(""):
+            if abort():
+                return SweepResult(tuple(deleted), "interrupted by new work")
+            owner = owner_name(info.key)
+            if owner is None or info.key in live or not layout.matches(*owner):
+                continue
+            if info.mtime is None or info.mtime > cutoff:
+                continue
+            backend.delete(info.key)
+            deleted.append(info.key)
+            log.info("orphans.deleted", key=info.key, age_hours=round((now() - info.mtime) / 3600))
+    except Exception as e:
+        return SweepResult(tuple(deleted), f"sweep stopped: {e}")
+    return SweepResult(tuple(deleted))
