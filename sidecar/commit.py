@@ -52,6 +52,7 @@ _MAX_CONFLICTS = 5
 class Outcome(enum.Enum):
     COMMITTED = "committed"
     ALREADY = "already_committed"
+    OUTRANKED = "outranked"
 
 
 class Committer:
@@ -123,11 +124,23 @@ class Committer:
         prev = self.catalog.latest_for(item.name)
         if prev is not None and self.matches(item, prev):
             return self._already(item, prev.generation)
+        if self.retention.outranked(item.step, self.catalog.all()):
+            # Retention would delete it right after its commit: do not upload it at all.
+            if self.on_committed is not None:
+                self.on_committed(item)
+            log.info(
+                "checkpoint.outranked",
+                checkpoint=item.name,
+                step=item.step,
+                keep_last=self.retention.keep_last,
+                action="not uploaded: retention keeps newer checkpoints",
+            )
+            return Outcome.OUTRANKED
         generation = 0 if prev is None else prev.generation + 1
         for _ in range(_MAX_CONFLICTS):
             # A manifest our catalog did not know (another writer, a stale view): its objects
             # are committed and immutable, so never upload over them; compare instead.
-            existing = self._read_existing(manifest_key(item.name, generation), quiet=True)
+            existing = self._fetch_existing(manifest_key(item.name, generation))
             if existing is not None:
                 self.catalog.add(existing)
                 if self.matches(item, existing):
@@ -201,12 +214,16 @@ class Committer:
             retry(
                 lambda: self.backend.put_bytes(manifest.key, manifest.to_json(), create_only=True),
                 self.backoff,
+                on_retry=lambda n, e, d: self.pool.note_retry("manifest", manifest.key, n, e, d),
                 wait=self.stop.wait,
             )
         except AlreadyExists:
             existing = self._read_existing(manifest.key)
             if existing is not None:
                 self.catalog.add(existing)
+                if existing == manifest:  # our own write; its reply was lost and retried
+                    self._after_commit(item, manifest, sum(r.copied for r in results))
+                    return Outcome.COMMITTED
                 if existing.same_content(manifest):
                     return self._already(item, generation)
             self._conflict(item, generation, manifest.key)
@@ -214,6 +231,16 @@ class Committer:
         self.catalog.add(manifest)
         self._after_commit(item, manifest, results_copied=sum(r.copied for r in results))
         return Outcome.COMMITTED
+
+    def _fetch_existing(self, key: str) -> Manifest | None:
+        """The manifest at ``key``, or None if absent or unreadable; a store that fails is
+        retried per the backoff (each retry counted and logged), then its error raised."""
+        return retry(
+            lambda: self._read_existing(key, quiet=True),
+            self.backoff,
+            on_retry=lambda n, e, d: self.pool.note_retry("read_manifest", key, n, e, d),
+            wait=self.stop.wait,
+        )
 
     def _read_existing(self, key: str, *, quiet: bool = False) -> Manifest | None:
         try:

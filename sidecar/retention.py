@@ -37,6 +37,15 @@ class Retention:
             out.append(m)
         return out
 
+    def outranked(self, step: int | None, manifests: list[Manifest]) -> bool:
+        """Would a checkpoint at ``step``, committed now, be deleted at once? True when
+        ``keep_last`` committed checkpoints have a higher step and ``keep_every_steps`` does
+        not keep it (e.g. old local checkpoints found again after a restart)."""
+        if self.keep_every and step is not None and step % self.keep_every == 0:
+            return False
+        mine = step if step is not None else -1
+        return sum(1 for m in manifests if m.order()[0] > mine) >= self.keep_last
+
     def apply(self, catalog: Catalog) -> list[Manifest]:
         manifests = catalog.all()
         doomed = self.doomed(manifests)

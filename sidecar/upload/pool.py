@@ -139,7 +139,7 @@ class UploaderPool:
                     job.key, path, progress=self._progress(job.key, cancel)
                 ),
                 self.backoff,
-                on_retry=lambda n, e, d: self._on_retry("put_file", job.key, n, e, d),
+                on_retry=lambda n, e, d: self.note_retry("put_file", job.key, n, e, d),
                 wait=self.stop.wait,
             )
         except StorageError as e:
@@ -177,7 +177,7 @@ class UploaderPool:
             info: ObjectInfo = retry(
                 lambda: self.backend.copy(ref.key, job.key),
                 self.backoff,
-                on_retry=lambda n, e, d: self._on_retry("copy", job.key, n, e, d),
+                on_retry=lambda n, e, d: self.note_retry("copy", job.key, n, e, d),
                 wait=self.stop.wait,
             )
         except StorageError as e:
@@ -191,7 +191,9 @@ class UploaderPool:
         log.debug("upload.copied", key=job.key, source=ref.key, size=ref.size)
         return UploadResult(job.file.rel, job.key, ref.size, crc, copied=True)
 
-    def _on_retry(self, op: str, key: str, attempt: int, err: Exception, delay: float) -> None:
+    def note_retry(self, op: str, key: str, attempt: int, err: Exception, delay: float) -> None:
+        """Every retried store operation is counted (``retries{operation,kind}``) and logged
+        (``upload.retry`` with the attempt number and the delay before the next one)."""
         kind = type(err).__name__
         self.metrics.retries.labels(op, kind).inc()
         log.warning(

@@ -151,3 +151,22 @@ def test_checkpoints_without_step_are_ordered_by_sequence(backend: Recording) ->
         cat.add(m)
     deleted = Retention(backend, 2).apply(cat)
     assert [m.name for m in deleted] == ["last5"]
+
+
+@pytest.mark.parametrize(
+    ("keep_every", "step", "outranked"),
+    [
+        (0, 9, False),  # newer than all: kept
+        (0, 5, False),  # only one committed step above it (7): within keep_last = 2
+        (0, 4, True),  # two above it (5, 7): retention would delete it at once
+        (0, None, True),  # no step sorts before any step
+        (4, 4, False),  # ... unless keep_every_steps keeps it
+        (3, 4, True),
+    ],
+)
+def test_outranked_means_retention_would_delete_it_at_once(
+    keep_every: int, step: int | None, outranked: bool
+) -> None:
+    committed = [man("step_7", 7, 3), man("step_5", 5, 2), man("step_4", 4, 1)]
+    r = Retention(MemoryBackend(f"o-{uuid.uuid4().hex}"), keep_last=2, keep_every_steps=keep_every)
+    assert r.outranked(step, committed) is outranked
