@@ -9,9 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.manifest import MANIFEST_PREFIX, Manifest, parse
 from sidecar.storage.checksum import crc32c_of_file
@@ -28,7 +31,9 @@ class Daemon:
         destination: str,
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
+        wrap: list[str] | None = None,
     ) -> None:
+        """``wrap`` runs the daemon under another command (e.g. ``setpriv`` to drop root)."""
         self.events: list[Event] = []
         self.raw: list[str] = []
         self._cond = threading.Condition()
@@ -43,6 +48,7 @@ class Daemon:
         )
         full_env.update(env or {})
         cmd = [
+            *(wrap or []),
             sys.executable,
             "-m",
             "sidecar",
@@ -75,14 +81,19 @@ class Daemon:
             self._cond.notify_all()
 
     def wait_for(
-        self, event: str, timeout: float = 20.0, where: Callable[[Event], bool] = lambda e: True
+        self,
+        event: str | tuple[str, ...],
+        timeout: float = 20.0,
+        where: Callable[[Event], bool] = lambda e: True,
     ) -> Event:
-        """The first log event named ``event`` matching ``where``; AssertionError on timeout."""
+        """The first log event named ``event`` (or any of several names) matching ``where``;
+        AssertionError on timeout."""
+        names = (event,) if isinstance(event, str) else event
         end = time.monotonic() + timeout
         with self._cond:
             while True:
                 for ev in self.events:
-                    if ev.get("event") == event and where(ev):
+                    if ev.get("event") in names and where(ev):
                         return ev
                 left = end - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
@@ -113,6 +124,18 @@ class Daemon:
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the daemon's ``/metrics`` as ``name{labels}`` -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        body = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
 
 
 def cli(

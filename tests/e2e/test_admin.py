@@ -10,9 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from tests.e2e.harness import Daemon, write_atomic
+from tests.e2e.harness import Daemon, scrape, write_atomic
 
 TOKEN = "tkn-8c1f0e7d-never-logged"
 
@@ -32,18 +30,6 @@ def _post(port: int, path: str, body: bytes = b"") -> int:
             return int(r.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample as ``name{labels}`` -> value."""
-    status, body = _get(port, "/metrics")
-    assert status == 200
-    out = {}
-    for fam in text_string_to_metric_families(body.decode()):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
 
 
 def test_metrics_move_with_uploads_and_unprotected_seconds(

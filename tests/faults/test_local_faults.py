@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Daemon, assert_invariant, checkpoint_is, write_atomic
+from tests.e2e.harness import Daemon, assert_invariant, checkpoint_is, scrape, write_atomic
 
 SLOW = {"CKPT_SIDECAR_UPLOAD__MAX_BANDWIDTH_BYTES_PER_SECOND": str(2 * 1024 * 1024)}
 
@@ -145,4 +146,59 @@ def test_full_destination_is_retried_until_space_returns(
     d.wait_for("checkpoint.committed", timeout=60, where=checkpoint_is("step_1.pt"))
     assert len(assert_invariant(remote)) == 1
     assert (remote / "step_1.pt").read_bytes() == data
+    assert d.terminate() == 0
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], Path]]:
+    """How to run the daemon so that file modes bind it, and a folder it may use. As root
+    (which ignores modes) the daemon runs as ``nobody`` through util-linux ``setpriv``."""
+    if os.geteuid() != 0:
+        yield [], tmp_path_factory.mktemp("perm")
+        return
+    base = Path(tempfile.mkdtemp(prefix="ckpt-perm-", dir="/tmp"))  # pytest's tmp is 0700
+    base.chmod(0o755)
+    try:
+        yield ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"], base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_permission_denied_on_one_file_waits_and_the_rest_goes_on(
+    daemons: list[Daemon], unprivileged: tuple[list[str], Path]
+) -> None:
+    """A file the daemon may not read holds back its own checkpoint only: the error names the
+    file and is counted; newer checkpoints commit; once readable, the checkpoint commits."""
+    wrap, base = unprivileged
+    watch, remote = base / "checkpoints", base / "remote"
+    watch.mkdir()
+    remote.mkdir()
+    if wrap:
+        os.chown(watch, NOBODY, NOBODY)
+        os.chown(remote, NOBODY, NOBODY)
+    d = Daemon(watch, f"file://{remote}", wrap=wrap)
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    tmp = watch / "step_1.partial"
+    tmp.mkdir(mode=0o755)
+    (tmp / "model.bin").write_bytes(os.urandom(300_000))
+    secret = tmp / "optimizer.bin"
+    secret.write_bytes(os.urandom(200_000))
+    secret.chmod(0o000)
+    os.replace(tmp, watch / "step_1")
+    failed = d.wait_for("checkpoint.upload_failed", where=checkpoint_is("step_1"))
+    assert "Permission denied" in failed["error"] and "optimizer.bin" in failed["error"]
+    metrics = scrape(d.admin_port)
+    assert metrics["ckpt_sidecar_errors_total{kind=PermissionError,operation=commit}"] >= 1
+
+    write_atomic(watch / "step_2.pt", os.urandom(100_000))
+    d.wait_for("checkpoint.committed", where=checkpoint_is("step_2.pt"))
+    assert {m.name for m in assert_invariant(remote)} == {"step_2.pt"}
+
+    (watch / "step_1" / "optimizer.bin").chmod(0o644)  # the operator fixes the mode
+    d.wait_for("checkpoint.committed", where=checkpoint_is("step_1"))
+    assert {m.name for m in assert_invariant(remote)} == {"step_1", "step_2.pt"}
     assert d.terminate() == 0

@@ -36,9 +36,12 @@ class Faults:
     reset_after_bytes: int = 0  # reset client->server streams after this many bytes (0 = never)
     delay: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
     def count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
+        with self.changed:
+            self.counts[what] = self.counts.get(what, 0) + 1
+            self.changed.notify_all()
 
 
 class FaultProxy:
@@ -62,6 +65,25 @@ class FaultProxy:
         with self._lock:
             for k, v in changes.items():
                 setattr(self.faults, k, v)
+
+    def outage(self) -> None:
+        """The store goes away: new connections are refused and open ones (a client's
+        keep-alive pool) are reset."""
+        self.set(refuse=True)
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                c.close()
+
+    def wait_count(self, what: str, n: int, timeout: float = 60.0) -> int:
+        """Wait until the proxy has done ``what`` at least ``n`` times; the count."""
+        f = self.faults
+        with f.changed:
+            ok = f.changed.wait_for(lambda: f.counts.get(what, 0) >= n, timeout)
+            assert ok, f"proxy: {what} {f.counts.get(what, 0)} times in {timeout} s, wanted {n}"
+            return f.counts[what]
 
     def heal(self) -> None:
         self.set(rate=0, refuse=False, slowdown=False, reset_after_bytes=0, delay=0.0)

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import pytest
 from botocore.config import Config
 
 __all__ = [
+    "Hold",
     "ProxiedRequest",
     "S3Proxy",
     "S3Server",
@@ -204,6 +205,30 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @dataclass
+class Hold:
+    """A request stopped at the proxy: ``reached`` is set when it arrives (its request line in
+    ``line``); ``release(forward)`` lets it go on to the store or drops it unsent."""
+
+    match: str
+    line: str = ""
+    forward: bool = False
+    reached: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float = 60.0) -> str:
+        assert self.reached.wait(timeout), f"no request matching {self.match!r} in {timeout} s"
+        return self.line
+
+    def release(self, *, forward: bool) -> None:
+        """Let the request go (``forward``: on to the store) or drop it; returns once the
+        store answered or the request was dropped."""
+        self.forward = forward
+        self.go.set()
+        assert self.done.wait(30), f"held request {self.line!r} did not finish"
+
+
+@dataclass
 class ProxiedRequest:
     """One request as the proxy forwarded it."""
 
@@ -222,14 +247,18 @@ class S3Proxy:
 
     ``corrupt(match, times)`` flips a byte in the body of the next ``times`` requests whose
     ``METHOD path?query`` contains ``match``; ``refuse(match, times, status, code)`` answers
-    them with an S3 error instead of forwarding. Signatures stay valid because payloads are
-    sent unsigned (their CRC32C protects them) and the Host header is kept.
+    them with an S3 error instead of forwarding; ``lose(match, times)`` forwards them but drops
+    the reply; ``hold(match)`` stops the next such request
+    at the proxy until the test releases it (to kill the client at that exact moment).
+    Signatures stay valid because payloads are sent unsigned (their CRC32C protects them) and
+    the Host header is kept.
     """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.requests: list[ProxiedRequest] = []
         self._rules: list[list[Any]] = []
+        self._holds: list[Hold] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -258,6 +287,28 @@ class S3Proxy:
         with self._lock:
             self._rules.append(["refuse", match, times, status, code])
 
+    def hold(self, match: str) -> Hold:
+        """Hold the next request containing ``match``; see :class:`Hold`."""
+        held = Hold(match)
+        with self._lock:
+            self._holds.append(held)
+        return held
+
+    def _hold_for(self, line: str) -> Hold | None:
+        with self._lock:
+            for held in self._holds:
+                if held.match in line and not held.reached.is_set():
+                    held.line = line
+                    held.reached.set()
+                    return held
+        return None
+
+    def lose(self, match: str, times: int = 1) -> None:
+        """Forward the next ``times`` matching requests to the store, then drop the connection
+        instead of replying: the write happened, the client cannot know."""
+        with self._lock:
+            self._rules.append(["lose", match, times, 0, ""])
+
     def _rule_for(self, line: str) -> list[Any] | None:
         with self._lock:
             for rule in self._rules:
@@ -273,6 +324,13 @@ class S3Proxy:
         record.started = time.monotonic()
         with self._lock:
             self.requests.append(record)
+        held = self._hold_for(f"{h.command} {h.path}")
+        if held is not None:
+            held.go.wait(60)
+            if not held.forward:  # the request never reaches the store
+                h.close_connection = True
+                held.done.set()
+                return
         rule = self._rule_for(f"{h.command} {h.path}")
         if rule and rule[0] == "refuse":
             payload = (
@@ -298,6 +356,18 @@ class S3Proxy:
             conn.close()
         record.status = resp.status
         record.ended = time.monotonic()
+        if held is not None:
+            held.done.set()
+        if rule and rule[0] == "lose":
+            h.close_connection = True
+            return
+        try:
+            self._reply(h, resp, data)
+        except OSError:  # the client is gone (killed while its request was held)
+            h.close_connection = True
+
+    @staticmethod
+    def _reply(h: BaseHTTPRequestHandler, resp: http.client.HTTPResponse, data: bytes) -> None:
         h.send_response(resp.status)
         hop = ("transfer-encoding", "connection") + (
             () if h.command == "HEAD" else ("content-length",)
