@@ -161,6 +161,16 @@ class Daemon:
             log.warning("watch.name_skipped", path=key, reason=reason)
 
     def _on_ready(self, item: CheckpointReady) -> None:
+        if item.kind is EntryKind.CHECKPOINT and (known := self.committer.known_committed(item)):
+            # Found again (start-up scan, retry): settled here, so it never queues or
+            # supersedes anything.
+            log.info(
+                "checkpoint.already_committed",
+                checkpoint=item.name,
+                generation=known.generation,
+                checked="checksum cache",
+            )
+            return
         if item.kind is EntryKind.CHECKPOINT:
             log.info(
                 "checkpoint.ready",

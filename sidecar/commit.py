@@ -100,6 +100,25 @@ class Committer:
             return False
         return all(self._crc(f.path) == recorded[p].crc32c for p, f in local.items())
 
+    def known_committed(self, item: CheckpointReady) -> Manifest | None:
+        """The committed manifest ``item`` equals, judged without reading any file: same
+        paths and sizes, and every CRC32C in the checksum cache for the file's current
+        (size, mtime, inode). None when unsure (then :meth:`commit` decides, reading if needed).
+        """
+        prev = self.catalog.latest_for(item.name)
+        if prev is None or prev.is_dir != item.is_dir:
+            return None
+        recorded = {f.path: f for f in prev.files}
+        if len(recorded) != len(item.files):
+            return None
+        for f in item.files:
+            mf = recorded.get(self._path_in_manifest(item, f.rel))
+            if mf is None or mf.size != f.state.size:
+                return None
+            if self.cache.get(f.path, f.state) != mf.crc32c:
+                return None
+        return prev
+
     @staticmethod
     def _path_in_manifest(item: CheckpointReady, rel: str) -> str:
         return rel if item.is_dir else item.name

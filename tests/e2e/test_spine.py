@@ -193,20 +193,26 @@ def test_list_and_verify(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None
 
 
 def test_restart_converges_without_reupload(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
+    """More committed checkpoints on disk than the queue holds (4): on restart each is found
+    committed from the checksum cache; nothing is uploaded again or logged as superseded."""
     watch, remote = dirs
-    d = Daemon(watch, f"file://{remote}")
+    N = 16
+    d = Daemon(watch, f"file://{remote}", env={"CKPT_SIDECAR_RETENTION__KEEP_LAST": "40"})
     daemons.append(d)
     d.wait_for("daemon.ready")
-    write_atomic(watch / "s_1.pt", os.urandom(50_000))
-    d.wait_for("checkpoint.committed")
+    for i in range(1, N + 1):
+        write_atomic(watch / f"s_{i}.pt", os.urandom(50_000))
+        d.wait_for("checkpoint.committed", where=checkpoint_is(f"s_{i}.pt"))
     assert d.terminate() == 0
-    mtime = (remote / "s_1.pt").stat().st_mtime_ns
-    write_atomic(watch / "s_2.pt", os.urandom(50_000))  # written while the daemon was down
-    d2 = Daemon(watch, f"file://{remote}")
+    mtimes = {p.name: p.stat().st_mtime_ns for p in remote.glob("s_*.pt")}
+    write_atomic(watch / f"s_{N + 1}.pt", os.urandom(50_000))  # written while the daemon was down
+    d2 = Daemon(watch, f"file://{remote}", env={"CKPT_SIDECAR_RETENTION__KEEP_LAST": "40"})
     daemons.append(d2)
-    d2.wait_for("checkpoint.committed", where=lambda e: e["checkpoint"] == "s_2.pt")
-    d2.wait_for("checkpoint.already_committed", where=lambda e: e["checkpoint"] == "s_1.pt")
-    assert (remote / "s_1.pt").stat().st_mtime_ns == mtime
+    d2.wait_for("checkpoint.committed", where=checkpoint_is(f"s_{N + 1}.pt"))
+    for i in range(1, N + 1):
+        d2.wait_for("checkpoint.already_committed", where=checkpoint_is(f"s_{i}.pt"))
+    assert not d2.named("checkpoint.superseded")
+    assert {n: (remote / n).stat().st_mtime_ns for n in mtimes} == mtimes
     assert d2.terminate() == 0
 
 
