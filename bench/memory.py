@@ -1,0 +1,169 @@
+"""Peak RSS of the daemon, default settings, while it uploads a 10 GiB checkpoint.
+
+Checkpoints: one 10 GiB file ``step_1.pt`` and a folder ``step_2`` of 4 files of 2.5 GiB,
+written beforehand outside the watch folder (deterministic bytes, temp name then rename) and
+renamed in once the daemon is ready. Destinations: S3 on a local SeaweedFS and ``file://`` (a
+folder on the same disk). RSS of the daemon and its children is sampled with psutil every
+50 ms from ``daemon.ready`` to ``checkpoint.committed``. Every setting is the default
+(``watch.settle_seconds`` 1.0, ``upload.concurrency`` 4, S3 parts 8 MiB x 8) except what the
+test harness always sets: JSON logs, admin port 0 (a free port), no preemption source.
+The data and the uploaded copies are deleted afterwards.
+
+    .venv/bin/python -m bench.memory --backends s3,file --shapes one,four
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench._common import (
+    GiB,
+    MiB,
+    Report,
+    RssSampler,
+    drop_target,
+    md_table,
+    new_target,
+    seaweedfs,
+    start_daemon,
+    stop_daemon,
+    tree_bytes,
+    tree_cpu,
+    ts,
+    write_file,
+)
+from tests.e2e.harness import checkpoint_is
+from tests.servers.seaweedfs import S3Server
+
+TARGET_MB = 150
+DEFAULT_SETTLE = 1.0
+
+
+def make(shape: str, stage: Path, total: int) -> Path:
+    if shape == "one":
+        p = stage / "step_1.pt"
+        write_file(p, total, seed=7)
+        return p
+    folder = stage / "step_2"
+    folder.mkdir()
+    for i in range(4):
+        write_file(folder / f"shard_{i}.bin", total // 4, seed=70 + i)
+    return folder
+
+
+def label(shape: str, total: int) -> str:
+    if shape == "one":
+        return f"1 x {total / GiB:g} GiB file"
+    return f"4 x {total / 4 / GiB:g} GiB folder"
+
+
+def one_run(src: Path, work: Path, kind: str, server: S3Server | None) -> dict[str, Any]:
+    t = new_target(kind, work, server, "mem")
+    watch = Path(tempfile.mkdtemp(prefix="watch-", dir=work))
+    d = start_daemon(watch, t, {"CKPT_SIDECAR_WATCH__SETTLE_SECONDS": str(DEFAULT_SETTLE)})
+    try:
+        d.wait_for("daemon.ready", timeout=60)
+        proc = psutil.Process(d.proc.pid)
+        rss_ready = proc.memory_info().rss
+        sampler = RssSampler(d.proc.pid)
+        cpu0 = tree_cpu(proc)
+        os.rename(src, watch / src.name)
+        t_done = time.time()
+        try:
+            ev = d.wait_for("checkpoint.committed", timeout=3600, where=checkpoint_is(src.name))
+            cpu = tree_cpu(proc) - cpu0
+        finally:
+            peak = sampler.stop()
+            os.rename(watch / src.name, src)
+        # a folder is complete after settle_seconds of quiet; a file renamed in at once
+        seconds = ts(ev) - t_done - (DEFAULT_SETTLE if src.is_dir() else 0.0)
+        size = tree_bytes(src)
+        return {
+            "rss_ready_mb": round(rss_ready / 1e6, 1),
+            "peak_rss_mb": round(peak / 1e6, 1),
+            "samples": sampler.samples,
+            "upload_s": round(seconds, 1),
+            "mb_per_s": round(size / 1e6 / seconds, 1),
+            "cpu_s_per_gb": round(cpu / (size / 1e9), 2),
+        }
+    finally:
+        stop_daemon(d)
+        drop_target(t, server)
+        shutil.rmtree(watch, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backends", default="s3,file")
+    p.add_argument("--shapes", default="one,four")
+    p.add_argument("--gib", type=float, default=10.0)
+    a = p.parse_args()
+    total = int(a.gib * GiB) // (4 * MiB) * (4 * MiB)
+    backends = a.backends.split(",")
+    report = Report("memory")
+    work = Path(tempfile.mkdtemp(prefix="bench-memory-", dir="/tmp"))
+    try:
+        for shape in a.shapes.split(","):
+            stage = work / "stage"
+            stage.mkdir()
+            t0 = time.monotonic()
+            src = make(shape, stage, total)
+            print(f"wrote {shape}: {time.monotonic() - t0:.0f} s", flush=True)
+            for kind in backends:
+                if kind == "s3":
+                    with seaweedfs() as server:
+                        r = one_run(src, work, kind, server)
+                else:
+                    r = one_run(src, work, kind, None)
+                row = {
+                    "destination": kind,
+                    "checkpoint": label(shape, total),
+                    "bytes": tree_bytes(src),
+                    **r,
+                }
+                report.rows.append(row)
+                print(row, flush=True)
+            shutil.rmtree(stage)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [
+        [
+            "S3 (SeaweedFS)" if r["destination"] == "s3" else "file://",
+            r["checkpoint"],
+            r["rss_ready_mb"],
+            f"**{r['peak_rss_mb']}**",
+            r["upload_s"],
+            r["mb_per_s"],
+            r["cpu_s_per_gb"],
+            f"<= {TARGET_MB}: " + ("met" if r["peak_rss_mb"] <= TARGET_MB else "**not met**"),
+        ]
+        for r in report.rows
+    ]
+    report.finish(
+        md_table(
+            [
+                "destination",
+                "checkpoint",
+                "RSS at ready MB",
+                "peak RSS MB",
+                "upload s",
+                "MB/s",
+                "CPU-s/GB",
+                "target",
+            ],
+            rows,
+            right=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
