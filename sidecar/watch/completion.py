@@ -119,13 +119,9 @@ class CompletionTracker:
                     e.dirty = True
             self._pointer_target()
             return
-        found = self.key_of(path)
-        if found is None:
-            return
-        key, ekind = found
-        if ekind is EntryKind.OTHER and is_dir:
-            self.rescan_other_dir(path)
-            return
+        # Handles are counted for every path, before classification: cheap (the daemon's own
+        # reads make two such events per file), and a handle opened under a temporary name
+        # still counts after the rename into place.
         if kind == "opened":
             self._open[path] = self._open.get(path, 0) + 1
             return
@@ -137,6 +133,13 @@ class CompletionTracker:
                 self._open.pop(path, None)
             if kind == "closed_no_write":
                 return
+        found = self.key_of(path)
+        if found is None:
+            return
+        key, ekind = found
+        if ekind is EntryKind.OTHER and is_dir:
+            self.rescan_other_dir(path)
+            return
         e = self._entry(key, ekind)
         e.dirty = True
         if kind in ("closed", "moved_in"):

@@ -107,6 +107,27 @@ def test_temp_name_renamed_into_place(tmp_path: Path) -> None:
     assert names(t.tick()) == ["ckpt_7.pt"]
 
 
+def test_handle_opened_under_a_temporary_folder_name_follows_the_rename(tmp_path: Path) -> None:
+    """A writer still holding a file when its folder is renamed into place holds it back."""
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    tmp = tmp_path / "step_3.partial"
+    tmp.mkdir()
+    (tmp / "a.bin").write_bytes(b"a")
+    t.event(tmp, "created", is_dir=True)
+    t.event(tmp / "a.bin", "created")
+    t.event(tmp / "a.bin", "opened")
+    t.event(tmp / "a.bin", "modified")
+    final = tmp_path / "step_3"
+    os.rename(tmp, final)
+    t.moved(tmp, final)
+    t.event(tmp, "deleted", is_dir=True)
+    t.event(final, "moved_in", is_dir=True)
+    assert run_for(t, clock, SETTLE * 3) == [], "the writer's handle is still open"
+    t.event(final / "a.bin", "closed")
+    assert names(run_for(t, clock, SETTLE + 0.3)) == ["step_3"]
+
+
 def test_file_without_close_event_becomes_ready_once_stable(tmp_path: Path) -> None:
     clock = Clock()
     t = tracker(tmp_path, clock)
