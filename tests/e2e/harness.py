@@ -154,6 +154,19 @@ def cli(
     )
 
 
+def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m sidecar ARGS`` in the background (to kill it midway), output discarded;
+    the environment as for :func:`cli`."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
+    full.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "sidecar", *args],
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def checkpoint_is(name: str) -> Callable[[Event], bool]:
     return lambda e: e.get("checkpoint") == name
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from tests.e2e.harness import (
     cli,
     manifests,
     same_tree,
+    spawn_cli,
     step_at_least,
 )
 
@@ -84,23 +83,8 @@ def test_restore_killed_midway_then_run_again(
     assert d.terminate() == 0
     target = tmp_path / "t"
     rng = random.Random(7)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
     for _ in range(3):
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "restore",
-                "--to",
-                str(target),
-                "--destination",
-                f"file://{remote}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        p = spawn_cli("restore", "--to", str(target), "--destination", f"file://{remote}")
         threading.Event().wait(rng.uniform(0.3, 0.9))  # a random moment of the download
         p.send_signal(signal.SIGKILL)
         p.wait(10)

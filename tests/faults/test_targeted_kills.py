@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Daemon, checkpoint_is, cli, same_tree
+from tests.e2e.harness import Daemon, checkpoint_is, cli, same_tree, spawn_cli
 from tests.faults.s3remote import Remote
 from tests.servers.seaweedfs import S3Proxy, S3Server, new_bucket
 
@@ -184,25 +182,10 @@ def test_restore_killed_while_downloading(
     settled(d, "step_1")
     assert d.terminate() == 0
     target = tmp_path / "t"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_SIDECAR_")}
-    env.update(remote.env(s3_proxy.endpoint_url))
+    env = remote.env(s3_proxy.endpoint_url)
     for shard in (1, 2):
         held = s3_proxy.hold(f"GET /{remote.bucket}/{remote.prefix}/step_1/shard{shard}.bin")
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "restore",
-                "--to",
-                str(target),
-                "--destination",
-                remote.url,
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        p = spawn_cli("restore", "--to", str(target), "--destination", remote.url, env=env)
         held.wait()
         p.send_signal(signal.SIGKILL)
         p.wait(10)
