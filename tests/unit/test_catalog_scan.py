@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
 from sidecar.catalog import Catalog
-from sidecar.manifest import LATEST_KEY, Manifest, ManifestFile
+from sidecar.manifest import LATEST_KEY, MANIFEST_PREFIX, Manifest, ManifestFile
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.memory import MemoryBackend
 from sidecar.watch.scan import scan_entry
@@ -94,3 +95,25 @@ def test_scan_of_a_file_a_symlink_and_nothing(tmp_path: Path) -> None:
     assert scan_entry(link, seen.append) is None
     assert seen == [link]
     assert scan_entry(tmp_path / "missing") is None
+
+
+class _MeetInPairs(MemoryBackend):
+    """Each manifest read waits until another read is in progress at the same time: a
+    catalog that reads one manifest after another breaks the barrier and fails."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    def get_bytes(self, key: str) -> bytes:
+        if key.startswith(MANIFEST_PREFIX):
+            self.barrier.wait()
+        return super().get_bytes(key)
+
+
+def test_manifests_are_read_concurrently() -> None:
+    b = _MeetInPairs(f"cat-{uuid.uuid4().hex}")
+    for i in range(10):
+        m = man(f"step_{i}", 0, i, i)
+        b.put_bytes(m.key, m.to_json())
+    assert [m.name for m in Catalog.load(b).all()] == [f"step_{i}" for i in range(9, -1, -1)]
