@@ -10,7 +10,6 @@ a drain ended with the newest complete checkpoint not durable.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from sidecar.config import Config
 from sidecar.drain import DrainController, clear_stale_notice
 from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady, EntryKind, Notice
-from sidecar.orphans import sweep_orphans
+from sidecar.orphans import OrphanSweeper
 from sidecar.preemption import signals
 from sidecar.preemption.base import Source
 from sidecar.preemption.poller import Poller
@@ -52,7 +51,6 @@ __all__ = ["Daemon"]
 
 log = structlog.get_logger("sidecar.app")
 _RETRY_LATER_SECONDS = 5.0
-_SWEEP_EVERY_SECONDS = 6 * 3600.0
 
 
 @dataclass
@@ -109,8 +107,9 @@ class Daemon:
             on_committed=self._committed,
         )
         layout = layout_for(cfg.checkpoint.layout, cfg.checkpoint.pattern, cfg.checkpoint.marker)
-        self.layout = layout
-        self._next_sweep = 0.0  # monotonic; the first idle moment after start sweeps
+        self.sweeper = OrphanSweeper(
+            backend, layout, self.metrics, cfg.retention.orphan_sweep_hours
+        )
         self.mode = choose_mode(cfg.watch.mode, cfg.watch.path)
         self._symlinks_logged: set[str] = set()
         tracker = CompletionTracker(
@@ -214,7 +213,7 @@ class Daemon:
             item = self.queue.get_checkpoint(timeout=0.5)
             self._update_queue_metrics()
             if item is None:
-                self._maybe_sweep()
+                self.sweeper.maybe(abort=self._busy)
                 continue
             with self.lock:
                 self.current, self.current_cancel = item, threading.Event()
@@ -242,35 +241,11 @@ class Daemon:
                     self.current = None
                 self.drain.after_item()
 
-    def _maybe_sweep(self) -> None:
-        """The orphan sweep, on the commit thread while idle (so no upload of ours is running),
-        at start and every six hours; new work or a drain interrupts it."""
-        hours = self.cfg.retention.orphan_sweep_hours
-        if not hours or time.monotonic() < self._next_sweep:
-            return
-        self._next_sweep = time.monotonic() + _SWEEP_EVERY_SECONDS
-        result = sweep_orphans(
-            self.backend,
-            self.layout,
-            older_than=hours * 3600,
-            abort=lambda: (
-                self.stop_event.is_set()
-                or self.queue.depth()[0] > 0
-                or self.drain.state != "running"
-            ),
+    def _busy(self) -> bool:
+        """New work, a drain or a stop: background chores (the orphan sweep) give way."""
+        return (
+            self.stop_event.is_set() or self.queue.depth()[0] > 0 or self.drain.state != "running"
         )
-        self.metrics.orphans_deleted.inc(len(result.deleted))
-        if result.skipped_reason:
-            log.warning(
-                "orphans.sweep_incomplete",
-                deleted=len(result.deleted),
-                reason=result.skipped_reason,
-                action="tried again at the next sweep",
-            )
-        else:
-            log.info("orphans.swept", deleted=len(result.deleted), older_than_hours=hours)
-        if result.skipped_reason and not result.deleted:
-            self._next_sweep = min(self._next_sweep, time.monotonic() + 600)
 
     def _committed(self, item: CheckpointReady) -> None:
         self.pending.committed(item)

@@ -28,14 +28,17 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.catalog import Catalog
+from sidecar.metrics import Metrics
 from sidecar.storage.base import Backend
 from sidecar.watch.layouts import Layout
 
-__all__ = ["SweepResult", "owner_name", "sweep_orphans"]
+__all__ = ["OrphanSweeper", "SweepResult", "owner_name", "sweep_orphans"]
 
 log = structlog.get_logger("sidecar.orphans")
 
 _GENERATION = re.compile(r"@g[0-9]+$")
+SWEEP_EVERY_SECONDS = 6 * 3600.0
+RETRY_INCOMPLETE_SECONDS = 600.0
 _OURS = ".ckpt-sidecar"
 
 
@@ -89,3 +92,45 @@ def sweep_orphans(
     except Exception as e:
         return SweepResult(tuple(deleted), f"sweep stopped: {e}")
     return SweepResult(tuple(deleted))
+
+
+class OrphanSweeper:
+    """When to sweep: :meth:`maybe` sweeps at its first call, then every
+    :data:`SWEEP_EVERY_SECONDS` (ten minutes after a sweep that did not finish); each sweep
+    is counted (``orphans_deleted``) and logged. ``older_than_hours`` 0 turns it off.
+
+    The daemon calls it on its commit thread while idle, so no upload of its own is running.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        layout: Layout,
+        metrics: Metrics,
+        older_than_hours: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.layout = layout
+        self.metrics = metrics
+        self.hours = older_than_hours
+        self.clock = clock
+        self._next = clock()
+
+    def maybe(self, abort: Callable[[], bool]) -> None:
+        """Sweep if one is due; ``abort()`` (new work, a drain) stops it between deletes."""
+        if not self.hours or self.clock() < self._next:
+            return
+        result = sweep_orphans(self.backend, self.layout, older_than=self.hours * 3600, abort=abort)
+        self.metrics.orphans_deleted.inc(len(result.deleted))
+        if result.skipped_reason:
+            self._next = self.clock() + RETRY_INCOMPLETE_SECONDS
+            log.warning(
+                "orphans.sweep_incomplete",
+                deleted=len(result.deleted),
+                reason=result.skipped_reason,
+                action=f"tried again in {RETRY_INCOMPLETE_SECONDS / 60:.0f} minutes",
+            )
+        else:
+            self._next = self.clock() + SWEEP_EVERY_SECONDS
+            log.info("orphans.swept", deleted=len(result.deleted), older_than_hours=self.hours)

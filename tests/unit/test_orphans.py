@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from sidecar.manifest import Manifest, ManifestFile
-from sidecar.orphans import owner_name, sweep_orphans
+from sidecar.metrics import Metrics
+from sidecar.orphans import (
+    RETRY_INCOMPLETE_SECONDS,
+    SWEEP_EVERY_SECONDS,
+    OrphanSweeper,
+    owner_name,
+    sweep_orphans,
+)
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.local import LocalBackend
 from sidecar.watch.layouts import layout_for
@@ -90,3 +97,33 @@ def test_new_work_interrupts_the_sweep(tmp_path: Path) -> None:
     assert len(result.deleted) == 2
     assert result.skipped_reason == "interrupted by new work"
     assert len([k for k in keys(b) if k.startswith("step_")]) == 3
+
+
+def test_sweeper_runs_at_start_then_every_six_hours_and_retries_an_incomplete_one_sooner(
+    tmp_path: Path,
+) -> None:
+    b = LocalBackend(tmp_path)
+    now = [0.0]
+    metrics = Metrics()
+    sweeper = OrphanSweeper(b, PLAIN, metrics, older_than_hours=24, clock=lambda: now[0])
+    put(b, "step_2/w.bin", 2 * DAY)
+    sweeper.maybe(abort=lambda: False)  # the first idle moment after start
+    assert "step_2/w.bin" not in keys(b)
+    put(b, "step_3/w.bin", 2 * DAY)
+    now[0] = SWEEP_EVERY_SECONDS - 1
+    sweeper.maybe(abort=lambda: False)
+    assert "step_3/w.bin" in keys(b), "not due yet"
+    now[0] = SWEEP_EVERY_SECONDS
+    sweeper.maybe(abort=lambda: True)  # new work arrived at once: incomplete
+    assert "step_3/w.bin" in keys(b)
+    now[0] += RETRY_INCOMPLETE_SECONDS
+    sweeper.maybe(abort=lambda: False)
+    assert "step_3/w.bin" not in keys(b)
+    assert metrics.registry.get_sample_value("ckpt_sidecar_orphans_deleted_total") == 2
+
+
+def test_sweeper_is_off_at_zero_hours(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    put(b, "step_2/w.bin", 9 * DAY)
+    OrphanSweeper(b, PLAIN, Metrics(), older_than_hours=0).maybe(abort=lambda: False)
+    assert "step_2/w.bin" in keys(b)
