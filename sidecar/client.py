@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 NOTICE_FILE = ".ckpt-sidecar-notice.json"
-"""The file the daemon writes into its watched folder on a notice (``sidecar.drain``)."""
+"""The file the daemon writes into its watched folder on a notice (``sidecar.drain`` uses
+this name, so both sides agree by construction)."""
 
 Writer = Callable[[IO[bytes]], object]
 PathWriter = Callable[[str], object]

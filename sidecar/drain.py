@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sidecar.client import NOTICE_FILE  # one name, shared with the trainer's side
 from sidecar.manifest import rfc3339
 from sidecar.model import CheckpointReady, EntryKind, Notice
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["NOTICE_FILE", "DrainController"]
 
 log = structlog.get_logger("sidecar.drain")
-NOTICE_FILE = ".ckpt-sidecar-notice.json"
 
 
 def clear_stale_notice(root: Path) -> None:
