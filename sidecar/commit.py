@@ -90,34 +90,28 @@ class Committer:
         self.cache.put(p, st, crc)
         return crc
 
-    def matches(self, item: CheckpointReady, m: Manifest) -> bool:
-        """Do the local files equal what ``m`` records (sizes, then CRC32C from cache or a read)?"""
+    def matches(self, item: CheckpointReady, m: Manifest, *, read: bool = True) -> bool:
+        """Do the local files equal what ``m`` records: same paths and sizes, then the same
+        CRC32C from the checksum cache or, if ``read``, from reading the file (a cache miss
+        without ``read`` is "no")?"""
         recorded = {f.path: f for f in m.files}
         local = {self._path_in_manifest(item, f.rel): f for f in item.files}
         if set(recorded) != set(local) or m.is_dir != item.is_dir:
             return False
         if any(recorded[p].size != f.state.size for p, f in local.items()):
             return False
-        return all(self._crc(f.path) == recorded[p].crc32c for p, f in local.items())
+        for p, f in local.items():
+            crc = self._crc(f.path) if read else self.cache.get(f.path, f.state)
+            if crc != recorded[p].crc32c:
+                return False
+        return True
 
     def known_committed(self, item: CheckpointReady) -> Manifest | None:
-        """The committed manifest ``item`` equals, judged without reading any file: same
-        paths and sizes, and every CRC32C in the checksum cache for the file's current
-        (size, mtime, inode). None when unsure (then :meth:`commit` decides, reading if needed).
-        """
+        """The committed manifest ``item`` equals, judged without reading any file (sizes,
+        and CRC32Cs the checksum cache holds for the files as the watcher saw them). None
+        when unsure: then :meth:`commit` decides, reading if needed."""
         prev = self.catalog.latest_for(item.name)
-        if prev is None or prev.is_dir != item.is_dir:
-            return None
-        recorded = {f.path: f for f in prev.files}
-        if len(recorded) != len(item.files):
-            return None
-        for f in item.files:
-            mf = recorded.get(self._path_in_manifest(item, f.rel))
-            if mf is None or mf.size != f.state.size:
-                return None
-            if self.cache.get(f.path, f.state) != mf.crc32c:
-                return None
-        return prev
+        return prev if prev is not None and self.matches(item, prev, read=False) else None
 
     @staticmethod
     def _path_in_manifest(item: CheckpointReady, rel: str) -> str:
