@@ -11,7 +11,7 @@ median MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 byte
 the largest peak RSS. Tools that are not installed are reported, not skipped silently.
 
 Tools: ``ours`` = sidecar.storage.s3.S3Backend (hand-rolled multipart over botocore,
-CRC32C via google-crc32c, 4 files at once like the daemon's default); ``crt`` =
+CRC32C via awscrt, 4 files at once like the daemon's default); ``crt`` =
 s3transfer's CRT transfer manager (awscrt) with CRC32C; ``boto3`` = boto3 upload_file
 (classic s3transfer) with CRC32C; ``awscli`` = ``aws s3 cp``; ``s5cmd``; ``rclone``.
 """

@@ -1,34 +1,44 @@
-"""CRC32C in the form the stores print it (base64 of 4 big-endian bytes)."""
+"""CRC32C in the form the stores print it (base64 of 4 big-endian bytes).
+
+Computed by awscrt's native CRC32C (hardware instructions where the CPU has them; about
+twice the speed of google-crc32c here, bench/s3.md), which also combines the CRCs of two
+adjacent pieces without reading either again.
+"""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypeAlias
 
-import google_crc32c as _google_crc32c
+from awscrt import checksums as _crt
 
 __all__ = ["CHUNK", "Crc32c", "crc32c_of_bytes", "crc32c_of_file", "read_chunks"]
 
 CHUNK = 1024 * 1024
-_gc: Any = _google_crc32c  # the package's functions carry no annotations
+Buffer: TypeAlias = bytes | bytearray | memoryview
 
 
 class Crc32c:
-    """An incremental CRC32C. ``update`` takes bytes (not a memoryview)."""
+    """An incremental CRC32C of a byte stream."""
 
     def __init__(self) -> None:
-        self._c = _gc.Checksum()
+        self._v = 0
 
-    def update(self, data: bytes) -> None:
-        self._c.update(data)
+    def update(self, data: Buffer) -> None:
+        """Append ``data`` (bytes, bytearray or memoryview) to the stream."""
+        self._v = _crt.crc32c(data, self._v)
+
+    def extend(self, crc: int, length: int) -> None:
+        """Append a piece of ``length`` bytes whose own CRC32C is ``crc``, without its bytes."""
+        self._v = _crt.combine_crc32c(self._v, crc, length)
 
     def b64(self) -> str:
-        return base64.b64encode(self._c.digest()).decode("ascii")
+        return base64.b64encode(self._v.to_bytes(4, "big")).decode("ascii")
 
     def value(self) -> int:
-        return int.from_bytes(self._c.digest(), "big")
+        return self._v
 
 
 def read_chunks(f: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
@@ -37,7 +47,7 @@ def read_chunks(f: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
         yield chunk
 
 
-def crc32c_of_bytes(data: bytes) -> str:
+def crc32c_of_bytes(data: Buffer) -> str:
     c = Crc32c()
     c.update(data)
     return c.b64()

@@ -1,7 +1,8 @@
 """Multipart upload and multipart copy, parts in parallel, memory bounded.
 
-One reader (the backend's reading thread) reads the file once, in order: each part updates the
-whole-file CRC32C, gets its own CRC32C and is reported to ``progress``. A part is
+One reader (the backend's reading thread) reads the file once, in order: each part gets its own
+CRC32C (one pass over its bytes), which is combined into the whole-file CRC32C, and is
+reported to ``progress``. A part is
 read only after it got a slot of the backend-wide :class:`Budget`, so however many files
 go up at once, at most ``slots * part_size`` bytes of them are in memory. Each part
 carries its CRC32C and the upload completes with the whole-file CRC32C as a FULL_OBJECT
@@ -86,17 +87,17 @@ def part_size_for(size: int, part_size: int) -> int:
 def _read_part(
     f: BinaryIO, size: int, whole: Crc32c, progress: Progress | None
 ) -> tuple[bytes, str]:
-    """Read up to ``size`` bytes in one call (no copy beyond the kernel's), update the
-    whole-file CRC32C, and return them with their own CRC32C."""
+    """Read up to ``size`` bytes in one call (no copy beyond the kernel's) and return them
+    with their own CRC32C, which also extends the whole-file CRC32C (one pass over the bytes)."""
     body = f.read(size)
     while 0 < len(body) < size:  # a short read before the end of the file
         more = f.read(size - len(body))
         if not more:
             break
         body += more
-    whole.update(body)
     part = Crc32c()
     part.update(body)
+    whole.extend(part.value(), len(body))
     if progress and body:
         progress(len(body))
     return body, part.b64()
