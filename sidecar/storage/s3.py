@@ -83,6 +83,14 @@ class S3Backend(Backend):
         self._write_args = write_args(self.options)
         self._budget = Budget(self.options.part_concurrency)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="s3-read")
+        # Part threads shared by every upload (and, apart, every multipart copy): started
+        # on first use, never per file. As many as the budget has slots (see upload_in_parts).
+        self._senders = ThreadPoolExecutor(
+            self.options.part_concurrency, thread_name_prefix="s3-part"
+        )
+        self._copiers = ThreadPoolExecutor(
+            self.options.part_concurrency, thread_name_prefix="s3-copy"
+        )
 
     @property
     def url(self) -> str:
@@ -143,9 +151,9 @@ class S3Backend(Backend):
                 path,
                 size,
                 opts.part_size_bytes,
-                opts.part_concurrency,
                 self._budget,
                 self._reader,
+                self._senders,
                 progress,
             )
             return ObjectInfo(key=key, size=total, crc32c=whole, mtime=time.time())
@@ -275,6 +283,7 @@ class S3Backend(Backend):
                 info.crc32c,
                 self.copy_part_size,
                 self.options.part_concurrency,
+                self._copiers,
             )
             return ObjectInfo(key=dst, size=info.size, crc32c=info.crc32c, mtime=time.time())
         try:
@@ -308,6 +317,8 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         self._reader.shutdown(wait=True)
+        self._senders.shutdown(wait=True)
+        self._copiers.shutdown(wait=True)
         self._client.close()
 
 

@@ -128,13 +128,13 @@ def _send_part(t: Target, upload_id: str, number: int, body: bytes, crc: str) ->
 def _run_parts(
     t: Target,
     upload_id: str,
-    concurrency: int,
-    produce: Callable[[cf.ThreadPoolExecutor, set[cf.Future[dict[str, Any]]]], None],
+    pool: cf.Executor,
+    produce: Callable[[cf.Executor, set[cf.Future[dict[str, Any]]]], None],
 ) -> list[dict[str, Any]]:
-    """Run ``produce`` (which submits parts to a pool of ``concurrency`` threads); on any
-    failure cancel what is pending one by one, await what runs, abort, and re-raise."""
+    """Run ``produce`` (which submits this upload's parts to ``pool``); on any failure cancel
+    what is pending one by one, await what runs, abort, and re-raise. Returns when every
+    part of this upload is done; other uploads' parts on ``pool`` are not waited for."""
     futures: set[cf.Future[dict[str, Any]]] = set()
-    pool = cf.ThreadPoolExecutor(concurrency, thread_name_prefix="s3-part")
     try:
         produce(pool, futures)
         done, _ = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
@@ -145,8 +145,6 @@ def _run_parts(
         cf.wait(futures)
         abort(t, upload_id)
         raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def _raise_failed(futures: set[cf.Future[dict[str, Any]]]) -> None:
@@ -157,7 +155,7 @@ def _raise_failed(futures: set[cf.Future[dict[str, Any]]]) -> None:
 
 
 def _submit(
-    pool: cf.ThreadPoolExecutor,
+    pool: cf.Executor,
     futures: set[cf.Future[dict[str, Any]]],
     budget: Budget,
     fn: Callable[..., dict[str, Any]],
@@ -214,17 +212,20 @@ def upload_in_parts(
     path: Path,
     size: int,
     part_size: int,
-    concurrency: int,
     budget: Budget,
     reader: cf.Executor,
+    senders: cf.Executor,
     progress: Progress | None,
 ) -> tuple[int, str]:
     """Upload ``path`` (``size`` bytes when opened) to ``t``; return (bytes read, CRC32C b64).
 
-    At most ``concurrency`` parts of this file go up at once, and each part in memory
-    holds a ``budget`` slot. Parts are read on ``reader`` (the backend's one reading
-    thread): buffers allocated by one thread are reused by the C allocator, so memory stays
-    near ``budget`` slots however many files go up at once (bench/s3.md).
+    Each part in memory holds a ``budget`` slot from its read until its UploadPart is done.
+    Parts are read on ``reader`` (the backend's one reading thread: buffers allocated by
+    one thread are reused by the C allocator) and sent on ``senders`` (the backend's part
+    threads, shared by every upload: no threads are started per file), so memory stays near
+    ``budget`` slots however many files go up at once (bench/s3.md, bench/memory.md).
+    ``senders`` should have as many threads as ``budget`` has slots: with fewer, parts
+    would wait for a thread while holding their buffers.
 
     Raises ``OSError`` (reading), :class:`Cancelled` (from ``progress``) or a
     :class:`StorageError`; in every case the multipart upload is aborted first.
@@ -235,7 +236,7 @@ def upload_in_parts(
     with open(path, "rb") as f:
         upload_id = _create(t)
 
-        def produce(pool: cf.ThreadPoolExecutor, futures: set[cf.Future[dict[str, Any]]]) -> None:
+        def produce(pool: cf.Executor, futures: set[cf.Future[dict[str, Any]]]) -> None:
             nonlocal total
             number = 0
             while True:
@@ -255,7 +256,7 @@ def upload_in_parts(
                 _submit(pool, futures, budget, _send_part, t, upload_id, number, body, crc)
                 del body
 
-        parts = _run_parts(t, upload_id, concurrency, produce)
+        parts = _run_parts(t, upload_id, senders, produce)
         crc = whole.b64()
         try:
             _complete(t, upload_id, parts, crc)
@@ -293,21 +294,23 @@ def copy_in_parts(
     crc: str | None,
     part_size: int,
     concurrency: int,
+    senders: cf.Executor,
 ) -> None:
     """Server-side copy of ``source`` (``size`` bytes, whole-object ``crc`` if known) with
-    UploadPartCopy; no object bytes pass through this process."""
+    UploadPartCopy, at most ``concurrency`` parts at once on ``senders``; no object bytes
+    pass through this process."""
     part_size = part_size_for(size, part_size)
     upload_id = _create(t)
 
     slots = Budget(concurrency)
 
-    def produce(pool: cf.ThreadPoolExecutor, futures: set[cf.Future[dict[str, Any]]]) -> None:
+    def produce(pool: cf.Executor, futures: set[cf.Future[dict[str, Any]]]) -> None:
         for number, first in enumerate(range(0, size, part_size), start=1):
             slots.acquire(lambda: _raise_failed(futures))
             last = min(first + part_size, size) - 1
             _submit(pool, futures, slots, _copy_part, t, upload_id, number, source, first, last)
 
-    parts = _run_parts(t, upload_id, concurrency, produce)
+    parts = _run_parts(t, upload_id, senders, produce)
     try:
         _complete(t, upload_id, parts, crc)
     except BaseException:
