@@ -1,8 +1,9 @@
 """``az://container/prefix`` and ``https://<account>.blob.core.windows.net/container/prefix``.
 
-Files go up as block blobs: blocks staged in parallel, each with a Content-MD5 the service
-verifies, then one Put Block List makes the blob visible at once (a cancelled or failed
-upload commits nothing; an older blob at the key stays readable). The whole-file CRC32C,
+Files go up as block blobs: blocks staged in parallel, each with a transactional CRC-64
+(``x-ms-content-crc64``) the service verifies, then one Put Block List makes the blob
+visible at once (a cancelled or failed upload commits nothing; an older blob at the key
+stays readable). The whole-file CRC32C,
 computed in the same read pass, is stored as blob metadata ``crc32c`` and reported by
 ``head`` and ``list``. Create-only writes send ``If-None-Match: *``. ``copy`` is the
 service's Copy Blob from the source URL, polled until the service reports it done; with a
@@ -122,13 +123,13 @@ class AzureBackend(Backend):
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
         blob = self._blob(key)
 
-        def stage(block_id: str, data: bytes, md5: bytes) -> None:
+        def stage(block_id: str, data: bytes, crc64: bytes) -> None:
             with self._errors("upload", key):
                 blob.stage_block(
                     block_id,
                     data,
                     length=len(data),
-                    transactional_content_md5=md5,
+                    transactional_content_crc64=crc64,
                     cpk=self._cpk,
                     encryption_scope=self._scope,
                 )

@@ -1,7 +1,7 @@
 """Stage a file as block-blob blocks in parallel, reading it once.
 
 One pass over the file: each block is read, added to the whole-file CRC32C, given its
-MD5 (sent as ``Content-MD5``, which the service verifies) and staged by a worker. At most
+CRC-64 (sent as ``x-ms-content-crc64``, which the service verifies) and staged by a worker. At most
 ``concurrency`` blocks are in flight, so memory stays near ``block_size * (concurrency + 1)``.
 Nothing is committed here: staged blocks stay invisible until the caller commits the list,
 and uncommitted blocks are discarded by the service after a week.
@@ -10,23 +10,39 @@ and uncommitted blocks are discarded by the service after a week.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from awscrt import checksums
+
 from sidecar.storage.base import Progress
 from sidecar.storage.checksum import Crc32c
 
-__all__ = ["MAX_BLOCKS", "StageBlock", "StagedFile", "block_size_for", "stage_file"]
+__all__ = [
+    "MAX_BLOCKS",
+    "StageBlock",
+    "StagedFile",
+    "block_size_for",
+    "content_crc64",
+    "stage_file",
+]
 
 MAX_BLOCKS = 50_000
 MAX_BLOCK = 4000 * 1024 * 1024
 _MiB = 1024 * 1024
 
 StageBlock = Callable[[str, bytes, bytes], None]
-"""``stage(block_id, data, md5)``: put one block; raises a ``StorageError``."""
+"""``stage(block_id, data, crc64)``: put one block; raises a ``StorageError``."""
+
+
+def content_crc64(data: bytes) -> bytes:
+    """The ``x-ms-content-crc64`` value of ``data``: Azure Storage's CRC-64 (the CRC-64/NVME
+    polynomial, the same as the SDK's azure-storage-extensions computes) as 8 little-endian
+    bytes. About 20x cheaper than the MD5 alternative (bench/azure.md)."""
+    crc: int = checksums.crc64nvme(data)
+    return crc.to_bytes(8, "little")
 
 
 @dataclass
@@ -72,7 +88,7 @@ def stage_file(
                 progress(n)
 
     def send(block_id: str, data: bytes) -> int:
-        stage(block_id, data, hashlib.md5(data, usedforsecurity=False).digest())
+        stage(block_id, data, content_crc64(data))
         return len(data)
 
     try:

@@ -1,4 +1,4 @@
-"""Azure block uploads against Azurite: many blocks, verified MD5s, bounded concurrency, cancel."""
+"""Azure block uploads against Azurite: many blocks, verified CRC-64s, bounded in-flight, cancel."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_block_damaged_on_the_wire_is_rejected(
     backend = backend_with(
         azurite, container, WatchingTransport(corrupt_block=2), block_size_bytes=1 * MiB
     )
-    with pytest.raises(ChecksumMismatch, match="Md5Mismatch"):
+    with pytest.raises(ChecksumMismatch, match="Crc64Mismatch"):
         backend.put_file("w.bin", tmp_path / "w.bin")
     with pytest.raises(NotFound):
         backend.head("w.bin")
