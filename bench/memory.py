@@ -65,10 +65,13 @@ def label(shape: str, total: int) -> str:
     return f"4 x {total / 4 / GiB:g} GiB folder"
 
 
-def one_run(src: Path, work: Path, kind: str, server: S3Server | None) -> dict[str, Any]:
+def one_run(
+    src: Path, work: Path, kind: str, server: S3Server | None, extra: dict[str, str]
+) -> dict[str, Any]:
     t = new_target(kind, work, server, "mem")
     watch = Path(tempfile.mkdtemp(prefix="watch-", dir=work))
-    d = start_daemon(watch, t, {"CKPT_SIDECAR_WATCH__SETTLE_SECONDS": str(DEFAULT_SETTLE)})
+    env = {"CKPT_SIDECAR_WATCH__SETTLE_SECONDS": str(DEFAULT_SETTLE), **extra}
+    d = start_daemon(watch, t, env)
     try:
         d.wait_for("daemon.ready", timeout=60)
         proc = psutil.Process(d.proc.pid)
@@ -105,7 +108,17 @@ def main() -> None:
     p.add_argument("--backends", default="s3,file")
     p.add_argument("--shapes", default="one,four")
     p.add_argument("--gib", type=float, default=10.0)
+    p.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the daemon's environment, e.g. "
+        "CKPT_SIDECAR_DESTINATION__S3__PART_CONCURRENCY=6 (the harness drops CKPT_SIDECAR_* "
+        "inherited from this shell)",
+    )
     a = p.parse_args()
+    extra = dict(kv.split("=", 1) for kv in a.daemon_env)
     total = int(a.gib * GiB) // (4 * MiB) * (4 * MiB)
     backends = a.backends.split(",")
     report = Report("memory")
@@ -120,9 +133,9 @@ def main() -> None:
             for kind in backends:
                 if kind == "s3":
                     with seaweedfs() as server:
-                        r = one_run(src, work, kind, server)
+                        r = one_run(src, work, kind, server, extra)
                 else:
-                    r = one_run(src, work, kind, None)
+                    r = one_run(src, work, kind, None, extra)
                 row = {
                     "destination": kind,
                     "checkpoint": label(shape, total),

@@ -27,7 +27,9 @@ class S3Options(_Options):
     shared config files, web identity, instance profile). Files of at least
     ``multipart_threshold_bytes`` go up in parts of ``part_size_bytes`` (raised when a file
     would need more than 10,000 parts), ``part_concurrency`` at a time; memory per
-    backend (all files together) is at most ``part_concurrency`` part buffers.
+    backend (all files together) is at most ``part_concurrency`` part buffers. The default
+    of 6 keeps the daemon under 150 MB while it uploads (bench/memory.md); on a fast link,
+    more parts in flight go faster, at ``part_size_bytes`` of memory each.
     """
 
     endpoint_url: str | None = None
@@ -40,7 +42,7 @@ class S3Options(_Options):
     bucket_key_enabled: bool = False
     multipart_threshold_bytes: int = Field(default=8 * MiB, ge=5 * MiB)
     part_size_bytes: int = Field(default=8 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
-    part_concurrency: int = Field(default=8, ge=1, le=64)
+    part_concurrency: int = Field(default=6, ge=1, le=64)
     #: "classic" (= "auto"): our own multipart over botocore. The CRT client was measured
     #: and not adopted (bench/s3.md): it reads the file itself, so the whole-file CRC32C
     #: would need a second read, and its memory is 3x ours.
