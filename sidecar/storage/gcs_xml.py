@@ -23,7 +23,7 @@ import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
-from sidecar.storage.checksum import Crc32c, crc32c_of_bytes
+from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import CorruptedInTransit, response_message, status_error
 from sidecar.storage.gcs_resumable import TIMEOUT, is_transient_status
 
@@ -196,9 +196,11 @@ def upload_xml_multipart(
                     f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it was "
                     f"read ({offset + len(data)} of {size} bytes); it is sent again once stable"
                 )
-            crc.update(data)
+            part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
+            part.update(data)
+            crc.extend(part.value(), len(data))
             number += 1
-            pending[pool.submit(up.put_part, number, data, crc32c_of_bytes(data))] = (number, want)
+            pending[pool.submit(up.put_part, number, data, part.b64())] = (number, want)
             offset += want
             del data
             while len(pending) >= concurrency:
