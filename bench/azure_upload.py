@@ -1,27 +1,52 @@
-"""Azure block-upload throughput and CPU per GB against a local Azurite.
+"""Azure block-upload throughput and CPU per GB against a local Azurite, with peers.
 
 Usage: .venv/bin/python -m bench.azure_upload [--size-mib 2048] [--settings 4x4,16x8,...]
+    [--tools ours,library,rclone] [--runs 1] [--timeout 1800]
 
-For each ``<block MiB>x<concurrency>`` a fresh Azurite (in memory) is started, one file is
-uploaded through ``AzureBackend.put_file`` (read, CRC32C, MD5 per block, staged blocks,
-commit), and the wall time, this process's CPU time and Azurite's CPU time are printed as
-a Markdown table. Needs ``npm ci`` (Azurite); Linux (CPU times from /proc).
+For each ``<block MiB>x<concurrency>`` setting, each tool and each run, a fresh Azurite (in
+memory) is started and one file of random bytes is uploaded by a child process (its own
+session, killed with its children after ``--timeout`` seconds), so interpreter start-up
+and imports count for every tool alike. Client CPU is the child's user + system time from
+``wait4`` (reaped children included), its peak RSS is sampled over its process tree,
+Azurite's CPU comes from psutil. After each run the blob's size is read back: a run that
+does not leave every byte in the blob counts as failed and is listed under the table,
+never measured. Medians over runs; RSS is the largest. Needs ``npm ci`` (Azurite).
+
+Tools: ``ours`` = ``AzureBackend.put_file`` (one read pass, whole-file CRC32C, a CRC-64
+per block sent as ``x-ms-content-crc64``, blocks staged in parallel, then the block list
+committed); ``library`` = azure-storage-blob's own ``BlobClient.upload_blob`` on the open
+file (client built with ``max_block_size`` and ``max_single_put_size`` = the block size;
+``max_concurrency`` = the concurrency, ``validate_content=True``: an MD5 per block);
+``rclone`` = ``rclone copyto`` to ``:azureblob:`` with ``--azureblob-use-emulator
+--azureblob-endpoint <Azurite URL>``, ``--azureblob-chunk-size`` = the block size,
+``--azureblob-upload-concurrency`` = the concurrency. ``--tools`` defaults to ``ours``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.storage.azure import create
-from sidecar.storage.url import parse_destination
-from tests.servers.azurite import Azurite, start_azurite
+import psutil
 
 MiB = 1024 * 1024
 DEFAULT_SETTINGS = "4x4,4x16,16x4,16x8,16x16,64x4,64x8,64x16"
+TOOLS = ("ours", "library", "rclone")
+PREFIX, NAME = "bench", "model.pt"
+BLOB = f"{PREFIX}/{NAME}"
+ROOT = Path(__file__).resolve().parent.parent
+KEY_ENV = "BENCH_AZURITE_KEY"  # the parent hands Azurite's published key to its children
 
 
 def _make_file(path: Path, size: int) -> None:
@@ -33,51 +58,229 @@ def _make_file(path: Path, size: int) -> None:
             left -= n
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+# ---------------------------------------------------------------- child side: one upload
 
 
-def run_one(server: Azurite, src: Path, block_mib: int, concurrency: int) -> tuple[float, ...]:
-    container = server.new_container()
-    dest = server.destination(
-        f"az://{container}/bench", block_size_bytes=block_mib * MiB, max_concurrency=concurrency
-    )
-    backend = create(parse_destination(dest.url), dest)
-    server_cpu0 = _cpu_seconds(server.pid)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    info = backend.put_file("model.pt", src)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    server_cpu = _cpu_seconds(server.pid) - server_cpu0
-    backend.close()
-    gb = info.size / 1e9
-    return info.size / wall / 1e6, cpu / gb, server_cpu / gb, wall
+def child(
+    tool: str, account_url: str, container: str, src: Path, block_mib: int, concurrency: int
+) -> None:
+    """One upload, in this (child) process."""
+    key = os.environ[KEY_ENV]
+    if tool == "ours":
+        from pydantic import SecretStr
+
+        from sidecar.config import DestinationConfig
+        from sidecar.storage.azure import create
+        from sidecar.storage.options import AzureOptions
+        from sidecar.storage.url import parse_destination
+
+        dest = DestinationConfig(
+            url=f"az://{container}/{PREFIX}",
+            azure=AzureOptions(
+                account_url=account_url,
+                account_key=SecretStr(key),
+                block_size_bytes=block_mib * MiB,
+                max_concurrency=concurrency,
+            ),
+        )
+        backend = create(parse_destination(dest.url), dest)
+        backend.put_file(NAME, src)
+        backend.close()
+    elif tool == "library":
+        from azure.storage.blob import BlobClient
+
+        account = account_url.rstrip("/").rsplit("/", 1)[1]
+        with (
+            BlobClient(
+                account_url,
+                container,
+                BLOB,
+                credential={"account_name": account, "account_key": key},
+                max_block_size=block_mib * MiB,
+                max_single_put_size=block_mib * MiB,
+            ) as blob,
+            open(src, "rb") as f,
+        ):
+            blob.upload_blob(
+                f,
+                length=src.stat().st_size,
+                max_concurrency=concurrency,
+                validate_content=True,
+                overwrite=True,
+            )
+    else:
+        raise SystemExit(f"unknown tool {tool}")
+
+
+# ---------------------------------------------------------------- parent side: measure
+
+
+def command(
+    tool: str, account_url: str, container: str, src: Path, block_mib: int, concurrency: int
+) -> list[str]:
+    if tool == "rclone":
+        return [
+            "rclone", "copyto", str(src), f":azureblob:{container}/{BLOB}",
+            "--azureblob-use-emulator", "--azureblob-endpoint", account_url,
+            "--azureblob-chunk-size", f"{block_mib}Mi",
+            "--azureblob-upload-concurrency", str(concurrency),
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "bench.azure_upload", "--child", tool, account_url, container,
+        str(src), str(block_mib), str(concurrency),
+    ]  # fmt: skip
+
+
+@dataclass
+class Result:
+    tool: str
+    block_mib: int
+    concurrency: int
+    seconds: float
+    cpu: float
+    server_cpu: float
+    rss_mib: float
+
+
+def _peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """Sample the RSS of the child and its descendants (wait4's ru_maxrss would include the
+    parent's, inherited at fork)."""
+    try:
+        proc = psutil.Process(pid)
+        while not done.wait(0.05):
+            rss = proc.memory_info().rss
+            for c in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    rss += c.memory_info().rss
+            peak[0] = max(peak[0], rss)
+    except psutil.Error:
+        pass
+
+
+def _run(
+    cmd: list[str], env: dict[str, str], server_pid: int, timeout: float
+) -> tuple[float, float, float, float] | str:
+    """Measure one upload: (wall s, CPU s, Azurite CPU s, peak RSS MiB), or an error text."""
+    srv = psutil.Process(server_pid)
+    before = sum(srv.cpu_times()[:2])
+    with tempfile.TemporaryFile() as err_file:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        done, peak = threading.Event(), [0]
+        sampler = threading.Thread(target=_peak_rss, args=(proc.pid, done, peak))
+        sampler.start()
+        killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        killer.cancel()
+        done.set()
+        sampler.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what a tool left running in its session
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace").strip()
+    if status != 0:
+        why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
+        return f"{why}: {' | '.join(err[-600:].splitlines())}"
+    after = sum(srv.cpu_times()[:2])
+    return seconds, usage.ru_utime + usage.ru_stime, after - before, peak[0] / MiB
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size-mib", type=int, default=2048)
     ap.add_argument("--settings", default=DEFAULT_SETTINGS)
+    ap.add_argument("--tools", default="ours")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per upload")
+    ap.add_argument("--child", nargs=6, metavar=("TOOL", "URL", "CONTAINER", "FILE", "B", "C"))
     args = ap.parse_args()
+    if args.child:
+        tool, url, container, src, block, conc = args.child
+        child(tool, url, container, Path(src), int(block), int(conc))
+        return
+
+    from azure.core.exceptions import ResourceNotFoundError
+
+    from tests.servers.azurite import KEY, start_azurite
+
     settings = [tuple(int(v) for v in s.split("x")) for s in args.settings.split(",")]
+    failures: list[str] = []
+    tools = []
+    for tool in args.tools.split(","):
+        if tool not in TOOLS:
+            raise SystemExit(f"unknown tool {tool}; known: {', '.join(TOOLS)}")
+        if tool == "rclone" and not shutil.which("rclone"):
+            failures.append("rclone: not installed (apt-get install -y rclone)")
+        else:
+            tools.append(tool)
+    # run 1 of every (setting, tool), then run 2...: drifting load hits every tool alike
+    plan = [(b, c, t) for _ in range(args.runs) for b, c in settings for t in tools]
+    env = {**os.environ, KEY_ENV: KEY, "RCLONE_CONFIG": os.devnull}
+    results: list[Result] = []
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="azure-bench-") as tmp:
         src = Path(tmp) / "model.pt"
         _make_file(src, args.size_mib * MiB)
-        print(f"file: {args.size_mib} MiB random bytes; one upload per row, fresh Azurite each")
-        print("| block | concurrency | MB/s | client CPU s/GB | Azurite CPU s/GB | wall s |")
-        print("|---|---|---|---|---|---|")
-        for block_mib, concurrency in settings:
+        size = src.stat().st_size
+        for i, (block_mib, concurrency, tool) in enumerate(plan):
+            label = f"{tool} {block_mib}x{concurrency}"
             with start_azurite(
-                Path(tmp) / f"azurite-{block_mib}x{concurrency}",
-                memory_limit_mb=args.size_mib * 2 + 512,
+                Path(tmp) / f"azurite-{i}", memory_limit_mb=args.size_mib * 2 + 512
             ) as server:
-                mbps, cpu, server_cpu, wall = run_one(server, src, block_mib, concurrency)
-            print(
-                f"| {block_mib} MiB | {concurrency} | {mbps:.0f} | {cpu:.2f} | "
-                f"{server_cpu:.2f} | {wall:.1f} |",
-                flush=True,
-            )
+                container = server.new_container()
+                cmd = command(tool, server.account_url, container, src, block_mib, concurrency)
+                m = _run(cmd, env, server.pid, args.timeout)
+                with server.service() as service:
+                    try:
+                        blob = service.get_blob_client(container, BLOB)
+                        stored: int | None = blob.get_blob_properties().size
+                    except ResourceNotFoundError:
+                        stored = None
+            if isinstance(m, str):
+                outcome = f"{m} (bytes stored: {stored})"
+                failures.append(f"{label}: {outcome}")
+            elif stored != size:
+                outcome = f"exit 0 but {stored} of {size} bytes stored"
+                failures.append(f"{label}: {outcome}")
+            else:
+                results.append(Result(tool, block_mib, concurrency, *m))
+                outcome = str(results[-1])
+            print(f"# {label}: {outcome}", file=sys.stderr, flush=True)
+
+    load_end = [round(x, 2) for x in os.getloadavg()]
+    groups: dict[tuple[str, int, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.tool, r.block_mib, r.concurrency), []).append(r)
+    print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
+    print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
+    print(f"file: {args.size_mib} MiB random bytes; fresh Azurite per run; median of runs")
+    print("| tool | block | concurrency | runs | MB/s | client CPU s/GB | Azurite CPU s/GB |"
+          " client RSS MiB | wall s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    gb = size / 1e9
+    for (tool, block_mib, concurrency), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0][2], TOOLS.index(kv[0][0]))
+    ):
+        secs = statistics.median(r.seconds for r in rs)
+        print(
+            f"| {tool} | {block_mib} MiB | {concurrency} | {len(rs)} | {size / 1e6 / secs:.0f} | "
+            f"{statistics.median(r.cpu for r in rs) / gb:.2f} | "
+            f"{statistics.median(r.server_cpu for r in rs) / gb:.2f} | "
+            f"{max(r.rss_mib for r in rs):.0f} | {secs:.1f} |"
+        )
+    for line in failures:
+        print(f"* not measured: {line}")
 
 
 if __name__ == "__main__":

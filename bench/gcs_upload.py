@@ -1,37 +1,58 @@
 """Upload benchmark for the GCS backend on both local emulators, with peers.
 
     .venv/bin/python bench/gcs_upload.py [--file-mib 2048] [--runs 1]
-        [--chunks-mib 16,64,100] [--tools ours,library,rclone]
-        [--servers gcp-storage-emulator,fake-gcs-server]
+        [--chunks-mib 16,64,100] [--tools ours,library,gsutil,gcloud,rclone]
+        [--servers gcp-storage-emulator,fake-gcs-server] [--try-all] [--timeout 1800]
 
 One file of random bytes is uploaded to gcp-storage-emulator and to fake-gcs-server
 (in memory, on a free loopback port). Every run gets a freshly started emulator, stopped
 after it: both keep all bytes in memory (fake-gcs-server grew past 12 GB during one
-2 GiB upload in 16 MiB chunks). Each upload runs as a child process; its CPU
-(user + sys) comes from ``wait4``, its peak RSS from sampling (``ru_maxrss`` would
-include the parent's, inherited at fork), the emulator's CPU from psutil.
+2 GiB upload in 16 MiB chunks). Each upload runs as a child process (its own session,
+killed with its children after ``--timeout`` seconds); its CPU (user + sys, reaped
+children included) comes from ``wait4``, its peak RSS from sampling the child's process
+tree (``ru_maxrss`` would include the parent's, inherited at fork), the emulator's CPU
+from psutil. After each run the object's size is read back from the emulator: a run that
+exits 0 without storing every byte counts as failed. Failed runs are listed under the
+table with the tail of their error, never measured.
 MB/s = 10^6 bytes per wall second; CPU s/GB = CPU seconds per 10^9 bytes.
 
 Tools: ``ours`` = sidecar.storage.gcs.GcsBackend.put_file (resumable session, CRC32C in
 the same pass, sent with the final chunk); ``library`` = google-cloud-storage's own
 ``Blob.upload_from_filename`` with the same chunk sizes and ``checksum="crc32c"``;
-``rclone`` = ``rclone copyto`` (its own chunk size; fake-gcs-server only: it fails on
-gcp-storage-emulator's resumable answers). The machine is shared: numbers are indicative.
+``gcloud`` = ``gcloud storage cp`` (endpoint from ``CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE``,
+``auth/disable_credentials``, parallel composite uploads off: one resumable session, the
+whole file in one request; a throwaway ``CLOUDSDK_CONFIG``); ``gsutil`` = ``gsutil cp``
+(JSON API, ``Credentials:gs_json_host``/``gs_json_port``, empty throwaway ``BOTO_CONFIG``);
+``rclone`` = ``rclone copyto`` (its own chunk size).
+
+Not every tool works on every emulator; by default the plan leaves out the pairs in
+``UNSUPPORTED`` (the reason is printed), ``--try-all`` runs them anyway: ``gsutil`` on
+neither (gsutil 5.34 builds every JSON API URL with ``https://``; its XML API is answered
+501 by gcp-storage-emulator and 404 by fake-gcs-server); ``gcloud`` and ``rclone`` on
+fake-gcs-server only (gcp-storage-emulator answers 501 to gcloud's
+``POST /resumable/upload/...``; rclone fails on its resumable answers). The machine is
+shared: numbers are indicative.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import psutil
 
@@ -39,6 +60,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MiB = 1024 * 1024
+TOOLS = ("ours", "library", "gsutil", "gcloud", "rclone")
+CHUNKED = ("ours", "library")  # the tools that take --chunks-mib; the others use their own
+UNSUPPORTED = {
+    ("gcp-storage-emulator", "gsutil"): "JSON API is https-only in gsutil; XML API: 501",
+    ("fake-gcs-server", "gsutil"): "JSON API is https-only in gsutil; XML API: 404",
+    ("gcp-storage-emulator", "gcloud"): "501 on POST /resumable/upload/storage/v1/...",
+    ("gcp-storage-emulator", "rclone"): "unexpected 308 response status code",
+}
 
 
 def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
@@ -67,6 +96,57 @@ def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
         raise SystemExit(f"unknown tool {tool}")
 
 
+def command(
+    tool: str, url: str, bucket: str, src: Path, chunk_mib: int, conf: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one upload by ``tool``."""
+    dest = f"gs://{bucket}/bench/{src.name}"
+    env = dict(os.environ)
+    # gcloud and gsutil: a throwaway config dir, no credentials, no calls to anything else
+    env.update(
+        CLOUDSDK_CONFIG=str(conf / "gcloud"),
+        BOTO_CONFIG=str(conf / "boto"),
+        CLOUDSDK_CORE_DISABLE_USAGE_REPORTING="true",
+        CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="true",
+        CLOUDSDK_SURVEY_DISABLE_PROMPTS="true",
+        CLOUDSDK_CORE_CHECK_GCE_METADATA="false",
+        CLOUDSDK_CORE_PASS_CREDENTIALS_TO_GSUTIL="false",
+        CLOUDSDK_AUTH_DISABLE_CREDENTIALS="true",
+    )
+    if tool == "gcloud":
+        env.update(
+            CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE=f"{url}/",
+            CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED="False",
+            CLOUDSDK_STORAGE_MAX_RETRIES="3",
+        )
+        return ["gcloud", "storage", "cp", str(src), dest], env
+    if tool == "gsutil":
+        where = urlsplit(url)
+        return [
+            "gsutil", "-o", f"Credentials:gs_json_host={where.hostname}",
+            "-o", f"Credentials:gs_json_port={where.port}", "-o", "Boto:num_retries=1",
+            "cp", str(src), dest,
+        ], env  # fmt: skip
+    if tool == "rclone":
+        return [
+            "rclone", "copyto", str(src), f":gcs:{bucket}/bench/{src.name}",
+            "--gcs-endpoint", f"{url}/storage/v1/", "--gcs-anonymous", "--gcs-no-check-bucket",
+        ], env  # fmt: skip
+    return [sys.executable, __file__, "--child", tool, url, bucket, str(src), str(chunk_mib)], env
+
+
+def stored_size(url: str, bucket: str, name: str) -> int | None:
+    """The size the emulator reports for ``bench/<name>``, or None if it has no such object."""
+    obj = quote(f"bench/{name}", safe="")
+    try:
+        with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}/o/{obj}", timeout=30) as r:
+            return int(json.load(r)["size"])
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
 @dataclass
 class Result:
     server: str
@@ -79,30 +159,49 @@ class Result:
 
 
 def _peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
-    """Sample the child's RSS (wait4's ru_maxrss would include the parent's, from fork)."""
+    """Sample the RSS of the child and its descendants (wait4's ru_maxrss would include the
+    parent's, from fork, and only the largest single process)."""
     try:
         proc = psutil.Process(pid)
         while not done.wait(0.05):
-            peak[0] = max(peak[0], proc.memory_info().rss)
+            rss = proc.memory_info().rss
+            for c in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    rss += c.memory_info().rss
+            peak[0] = max(peak[0], rss)
     except psutil.Error:
         pass
 
 
-def _run(cmd: list[str], server_pid: int) -> tuple[float, float, float, float]:
+def _run(
+    cmd: list[str], env: dict[str, str], server_pid: int, timeout: float
+) -> tuple[float, float, float, float] | str:
+    """Measure one upload; an error text if it failed or timed out."""
     srv = psutil.Process(server_pid)
     before = sum(srv.cpu_times()[:2])
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    done, peak = threading.Event(), [0]
-    sampler = threading.Thread(target=_peak_rss, args=(proc.pid, done, peak))
-    sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    with tempfile.TemporaryFile() as err_file:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env, start_new_session=True
+        )
+        done, peak = threading.Event(), [0]
+        sampler = threading.Thread(target=_peak_rss, args=(proc.pid, done, peak))
+        sampler.start()
+        killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        killer.cancel()
+        done.set()
+        sampler.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what a tool left running in its session
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace").strip()
     if status != 0:
-        err = proc.stderr.read().decode(errors="replace")[-1500:] if proc.stderr else ""
-        raise RuntimeError(f"{cmd[:4]} failed: {err}")
+        why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
+        return f"{why}: {err[-600:]}"
     after = sum(srv.cpu_times()[:2])
     return seconds, usage.ru_utime + usage.ru_stime, after - before, peak[0] / MiB
 
@@ -112,8 +211,10 @@ def main() -> None:
     ap.add_argument("--file-mib", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--chunks-mib", default="16,64,100")
-    ap.add_argument("--tools", default="ours,library,rclone")
+    ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--servers", default="gcp-storage-emulator,fake-gcs-server")
+    ap.add_argument("--try-all", action="store_true", help="also run the pairs in UNSUPPORTED")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per upload")
     ap.add_argument("--child", nargs=5, metavar=("TOOL", "HOST", "BUCKET", "FILE", "CHUNK"))
     args = ap.parse_args()
     if args.child:
@@ -123,56 +224,75 @@ def main() -> None:
 
     from tests.servers.gcs import start_fake_gcs_server, start_gcp_storage_emulator, stop
 
+    starters = {
+        "gcp-storage-emulator": start_gcp_storage_emulator,
+        "fake-gcs-server": start_fake_gcs_server,
+    }
+    tools = args.tools.split(",")
+    for tool in tools:
+        if tool not in TOOLS:
+            raise SystemExit(f"unknown tool {tool}; known: {', '.join(TOOLS)}")
+    failures: list[str] = []
+    pairs = []
+    for name in args.servers.split(","):
+        for tool in tools:
+            if tool not in CHUNKED and not shutil.which(tool):
+                failures.append(f"{name} / {tool}: not installed")
+                continue
+            if (name, tool) in UNSUPPORTED and not args.try_all:
+                failures.append(f"{name} / {tool}: not run ({UNSUPPORTED[name, tool]})")
+                continue
+            chunks = [int(c) for c in args.chunks_mib.split(",")] if tool in CHUNKED else [0]
+            pairs += [(name, tool, chunk) for chunk in chunks]
+    plan = [p for _ in range(args.runs) for p in pairs]  # run 1 of everything, then run 2...
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = [round(x, 2) for x in os.getloadavg()]
     work = Path(tempfile.mkdtemp(prefix="gcs-bench-"))
     src = work / f"checkpoint-{args.file_mib}MiB.bin"
     with open(src, "wb") as f:
         for _ in range(args.file_mib):
             f.write(os.urandom(MiB))
     size = src.stat().st_size
-    starters = {
-        "gcp-storage-emulator": start_gcp_storage_emulator,
-        "fake-gcs-server": start_fake_gcs_server,
-    }
     results: list[Result] = []
-    plan = [
-        (name, tool, chunk)
-        for name in args.servers.split(",")
-        for tool in args.tools.split(",")
-        if tool != "rclone" or (name == "fake-gcs-server" and shutil.which("rclone"))
-        for chunk in ([0] if tool == "rclone" else [int(c) for c in args.chunks_mib.split(",")])
-        for _ in range(args.runs)
-    ]
     try:
         for name, tool, chunk in plan:
+            conf = Path(tempfile.mkdtemp(prefix="conf-", dir=work))  # fresh per run
+            (conf / "boto").touch()
             # a fresh emulator each run: both keep every byte (and their garbage) in memory
             server = starters[name](work)
             try:
                 bucket = server.new_bucket("bench")
-                if tool == "rclone":
-                    cmd = [
-                        "rclone", "copyto", str(src), f":gcs:{bucket}/bench/{src.name}",
-                        "--gcs-endpoint", f"{server.url}/storage/v1/", "--gcs-anonymous",
-                        "--gcs-no-check-bucket",
-                    ]  # fmt: skip
+                cmd, env = command(tool, server.url, bucket, src, chunk, conf)
+                m = _run(cmd, env, server.process.pid, args.timeout)
+                got = stored_size(server.url, bucket, src.name)
+                label = f"{name} / {tool} / {chunk or 'default'}"
+                if isinstance(m, str):
+                    outcome = f"{' | '.join(m.splitlines())} (bytes stored: {got})"
+                    failures.append(f"{label}: {outcome}")
+                elif got != size:
+                    outcome = f"exit 0 but {got} of {size} bytes stored"
+                    failures.append(f"{label}: {outcome}")
                 else:
-                    cmd = [
-                        sys.executable, __file__, "--child", tool, server.url, bucket, str(src),
-                        str(chunk),
-                    ]  # fmt: skip
-                m = _run(cmd, server.process.pid)
-                results.append(Result(name, tool, chunk, m[0], m[1], m[2], m[3]))
-                print(f"# {results[-1]}", file=sys.stderr, flush=True)
+                    results.append(Result(name, tool, chunk, m[0], m[1], m[2], m[3]))
+                    outcome = str(results[-1])
+                print(f"# {label}: {outcome}", file=sys.stderr, flush=True)
             finally:
                 stop(server)
+                shutil.rmtree(conf, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     groups: dict[tuple[str, str, int], list[Result]] = {}
     for r in results:
         groups.setdefault((r.server, r.tool, r.chunk_mib), []).append(r)
+    load_end = [round(x, 2) for x in os.getloadavg()]
+    print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
+    print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
     print(f"file: {size / MiB:.0f} MiB, runs: {args.runs} (median)")
-    print("| server | tool | chunk | MB/s | client CPU s/GB | emulator CPU s/GB | client RSS MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| server | tool | chunk | runs | MB/s | client CPU s/GB | emulator CPU s/GB |"
+          " client RSS MiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for (server_name, tool, chunk), rs in groups.items():
         secs = statistics.median(r.seconds for r in rs)
         cpu = statistics.median(r.cpu for r in rs)
@@ -180,9 +300,11 @@ def main() -> None:
         rss = max(r.rss_mib for r in rs)
         label = f"{chunk} MiB" if chunk else "default"
         print(
-            f"| {server_name} | {tool} | {label} | {size / 1e6 / secs:.0f} | "
+            f"| {server_name} | {tool} | {label} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{cpu / (size / 1e9):.2f} | {scpu / (size / 1e9):.2f} | {rss:.0f} |"
         )
+    for line in failures:
+        print(f"* not measured: {line}")
 
 
 if __name__ == "__main__":
