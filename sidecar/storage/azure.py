@@ -16,6 +16,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from sidecar.storage.base import (
     Progress,
     StorageError,
 )
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c, crc32c_of_bytes
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import AzureOptions
@@ -71,7 +73,8 @@ def _mtime(response: dict[str, Any]) -> float:
 
 
 class AzureBackend(Backend):
-    """A prefix inside one Azure Blob container."""
+    """A prefix inside one Azure Blob container. Thread-safe: every upload shares one budget
+    of ``max_concurrency`` blocks in memory and one pool of as many block threads."""
 
     scheme = "az"
 
@@ -90,6 +93,11 @@ class AzureBackend(Backend):
             raise PermanentError("destination.azure.customer_provided_key needs an https endpoint")
         self._scope = opts.encryption_scope
         self._tier = StandardBlobTier(opts.access_tier) if opts.access_tier else None
+        # Blocks in memory for every upload of this backend together, and the threads that
+        # stage them, shared by every upload: started on first use, never per file. As many
+        # threads as the budget has slots (see stage_file).
+        self._budget = Budget(opts.max_concurrency)
+        self._blocks = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="azure-block")
 
     @property
     def url(self) -> str:
@@ -140,7 +148,8 @@ class AzureBackend(Backend):
                 f,
                 stage,
                 block_size=block_size_for(size, self._opts.block_size_bytes),
-                concurrency=self._opts.max_concurrency,
+                budget=self._budget,
+                pool=self._blocks,
                 progress=progress,
             )
         crc = staged.crc.b64()
@@ -244,5 +253,6 @@ class AzureBackend(Backend):
             next(iter(pages.by_page()), None)
 
     def close(self) -> None:
+        self._blocks.shutdown(wait=True)
         with contextlib.suppress(StorageError, AzureError):
             self._container.close()

@@ -1,8 +1,11 @@
-"""Stage a file as block-blob blocks in parallel, reading it once.
+"""Stage a file as block-blob blocks in parallel, reading it once, memory bounded.
 
 One pass over the file: each block is read, added to the whole-file CRC32C, given its
-CRC-64 (sent as ``x-ms-content-crc64``, which the service verifies) and staged by a worker. At most
-``concurrency`` blocks are in flight, so memory stays near ``block_size * (concurrency + 1)``.
+CRC-64 (sent as ``x-ms-content-crc64``, which the service verifies) and staged on the
+backend's block threads. A block is read only after it got a slot of the backend-wide
+:class:`~sidecar.storage.budget.Budget` and gives the slot back when its Put Block is done,
+has failed or was cancelled, so however many files go up at once, at most ``slots`` blocks
+of them are in memory (about ``slots * block_size`` bytes).
 Nothing is committed here: staged blocks stay invisible until the caller commits the list,
 and uncommitted blocks are discarded by the service after a week.
 """
@@ -18,6 +21,7 @@ from typing import BinaryIO
 from awscrt import checksums
 
 from sidecar.storage.base import Progress
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 
 __all__ = [
@@ -62,47 +66,93 @@ def block_size_for(size: int, wanted: int) -> int:
     return min(MAX_BLOCK, -(-need // _MiB) * _MiB)
 
 
+class _BlockDone(Exception):
+    """Raised out of :meth:`Budget.acquire` when a block of this file is done, so that it is
+    reported outside the budget's lock (``progress`` may sleep: the bandwidth limit)."""
+
+
 def stage_file(
-    f: BinaryIO, stage: StageBlock, *, block_size: int, concurrency: int, progress: Progress | None
+    f: BinaryIO,
+    stage: StageBlock,
+    *,
+    block_size: int,
+    budget: Budget,
+    pool: cf.Executor,
+    progress: Progress | None,
 ) -> StagedFile:
-    """Read ``f`` to its end and stage every block; return the ids to commit.
+    """Read ``f`` to its end and stage every block on ``pool``; return the ids to commit.
+
+    Each block holds a ``budget`` slot from before it is read until its stage call is done,
+    has failed or was cancelled. ``budget`` and ``pool`` are the backend's, shared by every
+    file going up: ``pool`` should have as many threads as ``budget`` has slots (with fewer,
+    blocks would wait for a thread while holding their buffers).
 
     ``progress`` is called in this thread with each block's length once the service has
     it. Whatever it or a block raises (``Cancelled``, a ``StorageError``, ``OSError`` from
-    reading) stops reading, cancels blocks not yet sent, waits for those in flight and is
-    re-raised; nothing is committed.
+    reading) stops reading, cancels this file's blocks not yet sent (their slots come back),
+    waits for this file's blocks in flight and is re-raised; nothing is committed. Other
+    files' blocks on ``pool`` are neither cancelled nor waited for.
     """
     # Fixed-length ids, unique per upload: the service wants every id of a blob the same
     # length, and two uploads to one key must never mix blocks.
     tag = uuid.uuid4().hex[:16]
     out = StagedFile()
-    pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="azure-block")
-    pending: set[cf.Future[int]] = set()
+    pending: set[cf.Future[int]] = set()  # this file's blocks not yet reported
 
-    def settle(wait_for: str) -> None:
-        nonlocal pending
-        done, pending = cf.wait(pending, return_when=wait_for)
+    def report(done: set[cf.Future[int]]) -> None:
         for fut in done:
-            n = fut.result()
+            pending.discard(fut)
+            n = fut.result()  # a failed block's error
             if progress:
                 progress(n)
+
+    def check() -> None:
+        """Run by ``budget.acquire`` under its lock: raise a failed block's error, or
+        :class:`_BlockDone` when a block is done and not reported yet."""
+        done = [fut for fut in pending if fut.done()]
+        for fut in done:
+            if not fut.cancelled() and fut.exception() is not None:
+                fut.result()
+        if done:
+            raise _BlockDone
+
+    def take_slot() -> None:
+        while True:
+            try:
+                budget.acquire(check)
+                return
+            except _BlockDone:
+                report({fut for fut in pending if fut.done()})
 
     def send(block_id: str, data: bytes) -> int:
         stage(block_id, data, content_crc64(data))
         return len(data)
 
     try:
-        while block := f.read(block_size):
-            out.crc.update(block)
-            out.size += len(block)
-            block_id = f"{tag}-{len(out.block_ids):06d}"
-            out.block_ids.append(block_id)
-            pending.add(pool.submit(send, block_id, block))
+        while True:
+            take_slot()
+            try:
+                block = f.read(block_size)
+                if not block:
+                    budget.release()
+                    break
+                out.crc.update(block)
+                out.size += len(block)
+                block_id = f"{tag}-{len(out.block_ids):06d}"
+                out.block_ids.append(block_id)
+                fut = pool.submit(send, block_id, block)
+            except BaseException:
+                budget.release()
+                raise
+            fut.add_done_callback(lambda _: budget.release())
+            pending.add(fut)
             del block
-            if len(pending) >= concurrency:
-                settle(cf.FIRST_COMPLETED)
         while pending:
-            settle(cf.FIRST_COMPLETED)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+            done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            report(done)
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        cf.wait(pending)
+        raise
     return out

@@ -101,9 +101,12 @@ class AzureOptions(_Options):
     endpoint (Azurite: ``http://127.0.0.1:10000/devstoreaccount1``, sovereign clouds).
     ``region`` is the account's region as the operator states it: Azure's data plane does not
     report one, so it is required when ``destination.allowed_regions`` is set.
-    Each file is staged in blocks of ``block_size_bytes``, ``max_concurrency`` at a time:
-    memory per file is about ``block_size_bytes * (max_concurrency + 1)`` (defaults: 64 MiB x 4,
-    chosen by measurement in bench/azure.md).
+    Files are staged in blocks of ``block_size_bytes`` (raised for a file that would need more
+    than the service's 50,000 blocks: above about 390 GiB at 8 MiB). ``max_concurrency`` is
+    the number of blocks in flight for the whole backend, all files together: block buffers
+    take about ``block_size_bytes * max_concurrency`` (defaults: 8 MiB x 6 = 48 MiB, as S3's
+    parts; AzCopy's default block size is also 8 MiB). On a fast link more blocks in flight go
+    faster, each costing ``block_size_bytes`` of memory (bench/azure.md).
     Archive is not offered as a tier: an archived checkpoint cannot be restored or copied.
     """
 
@@ -117,6 +120,6 @@ class AzureOptions(_Options):
     access_tier: Literal["Hot", "Cool", "Cold"] | None = None
     encryption_scope: str | None = None
     customer_provided_key: SecretStr | None = None
-    block_size_bytes: int = Field(default=64 * MiB, ge=1 * MiB, le=4000 * MiB)
-    max_concurrency: int = Field(default=4, ge=1, le=64)
+    block_size_bytes: int = Field(default=8 * MiB, ge=1 * MiB, le=4000 * MiB)
+    max_concurrency: int = Field(default=6, ge=1, le=64)
     copy_timeout_seconds: float = Field(default=900.0, gt=0)

@@ -26,6 +26,7 @@ from sidecar.storage.base import (
     ObjectInfo,
     Progress,
 )
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import CHUNK, Crc32c
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import S3Options
@@ -39,7 +40,6 @@ from sidecar.storage.s3_client import (
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
 from sidecar.storage.s3_multipart import (
     BAD_DIGEST_ATTEMPTS,
-    Budget,
     Target,
     copy_in_parts,
     upload_in_parts,

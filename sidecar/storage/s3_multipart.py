@@ -14,7 +14,6 @@ AbortMultipartUpload is sent.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +22,13 @@ from typing import Any, BinaryIO
 import structlog
 
 from sidecar.storage.base import Progress, TransientError
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
 
 __all__ = [
     "BAD_DIGEST_ATTEMPTS",
     "MAX_PARTS",
-    "Budget",
     "Target",
     "abort",
     "copy_in_parts",
@@ -41,32 +40,6 @@ log = structlog.get_logger("sidecar.storage.s3")
 
 MAX_PARTS = 10_000
 BAD_DIGEST_ATTEMPTS = 3
-
-
-class Budget:
-    """A bound on part buffers held at once, shared by every upload of one backend.
-
-    ``acquire(check)`` waits for a free slot, calling ``check`` (which raises a failed
-    part's error) each time a slot is given back, so a failure is seen while waiting.
-    """
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._cond = threading.Condition()
-
-    def acquire(self, check: Callable[[], None] = lambda: None) -> None:
-        with self._cond:
-            while True:
-                check()
-                if self._free > 0:
-                    self._free -= 1
-                    return
-                self._cond.wait()
-
-    def release(self) -> None:
-        with self._cond:
-            self._free += 1
-            self._cond.notify_all()
 
 
 @dataclass(frozen=True)

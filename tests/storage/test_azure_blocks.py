@@ -1,9 +1,12 @@
-"""Azure block uploads against Azurite: many blocks, verified CRC-64s, bounded in-flight, cancel."""
+"""Azure block uploads against Azurite: many blocks, verified CRC-64s, in-flight blocks bounded
+for the whole backend, cancel."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,32 +26,51 @@ MiB = 1024 * 1024
 
 
 class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily exported, Any
-    """The real HTTP transport, counting Put Block requests in flight and able to damage one."""
+    """The real HTTP transport, counting Put Block requests in flight (in all and per blob)
+    and able to damage one: the ``corrupt_block``-th sent, or the first of blob
+    ``corrupt_blob``. ``delay`` seconds before each Put Block keep blocks in flight long
+    enough for uploads to overlap."""
 
-    def __init__(self, corrupt_block: int | None = None) -> None:
+    def __init__(
+        self, corrupt_block: int | None = None, corrupt_blob: str | None = None, delay: float = 0
+    ) -> None:
         super().__init__()
         self.corrupt_block = corrupt_block
+        self.corrupt_blob = corrupt_blob
+        self.delay = delay
         self.blocks_sent = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.blobs_in_flight: dict[str, int] = {}
+        self.max_blobs_in_flight = 0  # most blobs with a Put Block in flight at one time
         self._lock = threading.Lock()
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         if "comp=block&" not in request.url:
             return super().send(request, **kwargs)
+        blob = request.url.split("?", 1)[0].split("/ckpt/", 1)[-1]
         with self._lock:
             index = self.blocks_sent
             self.blocks_sent += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        if index == self.corrupt_block:
+            self.blobs_in_flight[blob] = self.blobs_in_flight.get(blob, 0) + 1
+            self.max_blobs_in_flight = max(self.max_blobs_in_flight, len(self.blobs_in_flight))
+            corrupt = index == self.corrupt_block or blob == self.corrupt_blob
+            if blob == self.corrupt_blob:
+                self.corrupt_blob = None
+        if corrupt:
             body = bytes(request.data)
             request.data = bytes([body[0] ^ 0xFF]) + body[1:]  # one bit pattern flipped on the wire
         try:
+            time.sleep(self.delay)
             return super().send(request, **kwargs)
         finally:
             with self._lock:
                 self.in_flight -= 1
+                self.blobs_in_flight[blob] -= 1
+                if not self.blobs_in_flight[blob]:
+                    del self.blobs_in_flight[blob]
 
 
 @pytest.fixture
@@ -136,3 +158,64 @@ def test_block_size_grows_to_fit_the_service_limit() -> None:
     size = block_size_for(huge, 8 * MiB)
     assert size % MiB == 0
     assert -(-huge // size) <= MAX_BLOCKS
+
+
+def put_at_once(backend: AzureBackend, files: dict[str, Path]) -> dict[str, Any]:
+    """``put_file`` of every file, each from its own thread, all started together; the
+    ObjectInfo or the exception of each key."""
+    start = threading.Barrier(len(files))
+
+    def put(key: str, path: Path) -> Any:
+        start.wait()
+        return backend.put_file(key, path)
+
+    with cf.ThreadPoolExecutor(len(files)) as pool:
+        futures = {key: pool.submit(put, key, path) for key, path in files.items()}
+        cf.wait(futures.values())
+    return {key: f.exception() or f.result() for key, f in futures.items()}
+
+
+def test_blocks_in_flight_bounded_for_the_whole_backend(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    data = {"a.pt": os.urandom(8 * MiB + 5), "b.pt": os.urandom(7 * MiB)}
+    for name, body in data.items():
+        (tmp_path / name).write_bytes(body)
+    transport = WatchingTransport(delay=0.05)
+    backend = backend_with(
+        azurite, container, transport, block_size_bytes=1 * MiB, max_concurrency=3
+    )
+    try:
+        out = put_at_once(backend, {name: tmp_path / name for name in data})
+        for name, body in data.items():
+            assert out[name].crc32c == crc32c_of_bytes(body)
+            assert backend.get_bytes(name) == body
+    finally:
+        backend.close()
+    assert transport.max_blobs_in_flight == 2  # the two uploads did overlap
+    assert 1 < transport.max_in_flight <= 3  # 3 for both files together, not 3 each
+
+
+def test_failed_block_cancels_only_its_own_file(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    good = os.urandom(12 * MiB)
+    (tmp_path / "good.pt").write_bytes(good)
+    (tmp_path / "bad.pt").write_bytes(os.urandom(6 * MiB))
+    transport = WatchingTransport(corrupt_blob="bad.pt", delay=0.05)
+    backend = backend_with(
+        azurite, container, transport, block_size_bytes=1 * MiB, max_concurrency=2
+    )
+    try:
+        out = put_at_once(backend, {"good.pt": tmp_path / "good.pt", "bad.pt": tmp_path / "bad.pt"})
+        assert isinstance(out["bad.pt"], ChecksumMismatch)
+        assert out["good.pt"].crc32c == crc32c_of_bytes(good)
+        assert backend.get_bytes("good.pt") == good
+        with pytest.raises(NotFound):
+            backend.head("bad.pt")
+        # the backend's budget and threads still serve uploads after the failure
+        backend.put_file("again.pt", tmp_path / "good.pt")
+        assert backend.get_bytes("again.pt") == good
+    finally:
+        backend.close()
+    assert transport.max_blobs_in_flight == 2

@@ -1,0 +1,48 @@
+"""A backend-wide bound on upload buffers (S3 parts, Azure blocks) held in memory at once.
+
+Contract: a backend creates one :class:`Budget` of ``slots`` and shares it between every
+upload it runs, whatever thread each runs on. An upload calls :meth:`Budget.acquire`
+before it reads a part into memory and makes sure :meth:`Budget.release` is called exactly
+once for that slot: when the part's request is done, has failed or was cancelled (a
+done-callback on its future), or at once if no part was read (end of file, read error).
+So at most ``slots`` parts of all uploads together are in memory, about
+``slots * part_size`` bytes. Slots are handed out in no particular order between waiters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["Budget"]
+
+
+class Budget:
+    """A bound on part buffers held at once, shared by every upload of one backend.
+
+    ``acquire(check)`` waits for a free slot, calling ``check`` before the first look and
+    each time a slot is given back, so an upload sees a failure of its own (``check``
+    raises it) while it waits. ``check`` runs with the budget's lock held: it must be quick
+    and must not call back into the budget; whatever it raises leaves ``acquire`` with no
+    slot taken.
+    """
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a budget needs at least one slot, not {slots}")
+        self._free = slots
+        self._cond = threading.Condition()
+
+    def acquire(self, check: Callable[[], None] = lambda: None) -> None:
+        with self._cond:
+            while True:
+                check()
+                if self._free > 0:
+                    self._free -= 1
+                    return
+                self._cond.wait()
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
