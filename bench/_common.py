@@ -13,6 +13,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -309,6 +310,45 @@ class RssSampler:
         self._stop.set()
         self._thread.join(5)
         return self.peak
+
+
+def measure_child(
+    cmd: list[str], env: dict[str, str], server_pid: int, timeout: float, cwd: Path | None = None
+) -> tuple[float, float, float, float] | str:
+    """Run one upload tool as a child in its own session and measure it: (wall s, CPU s of
+    the child and its reaped children from ``wait4``, CPU s of the server ``server_pid`` over
+    the run, peak RSS MiB of the child's process tree, sampled: ``ru_maxrss`` would include
+    the parent's, inherited at fork). On a non-zero exit or after ``timeout`` seconds (the
+    session is killed) the stderr tail is returned instead, as text."""
+    srv = psutil.Process(server_pid)
+    before = sum(srv.cpu_times()[:2])
+    with tempfile.TemporaryFile() as err_file:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        sampler = RssSampler(proc.pid)
+        killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        killer.cancel()
+        peak = sampler.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what a tool left running in its session
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace").strip()
+    if status != 0:
+        why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
+        return f"{why}: {' | '.join(err[-600:].splitlines())}"
+    after = sum(srv.cpu_times()[:2])
+    return seconds, usage.ru_utime + usage.ru_stime, after - before, peak / MiB
 
 
 def run_quiet(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:

@@ -25,20 +25,14 @@ file (client built with ``max_block_size`` and ``max_single_put_size`` = the blo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 MiB = 1024 * 1024
 DEFAULT_SETTINGS = "4x4,4x16,16x4,16x8,16x16,64x4,64x8,64x16"
@@ -142,59 +136,6 @@ class Result:
     rss_mib: float
 
 
-def _peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
-    """Sample the RSS of the child and its descendants (wait4's ru_maxrss would include the
-    parent's, inherited at fork)."""
-    try:
-        proc = psutil.Process(pid)
-        while not done.wait(0.05):
-            rss = proc.memory_info().rss
-            for c in proc.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    rss += c.memory_info().rss
-            peak[0] = max(peak[0], rss)
-    except psutil.Error:
-        pass
-
-
-def _run(
-    cmd: list[str], env: dict[str, str], server_pid: int, timeout: float
-) -> tuple[float, float, float, float] | str:
-    """Measure one upload: (wall s, CPU s, Azurite CPU s, peak RSS MiB), or an error text."""
-    srv = psutil.Process(server_pid)
-    before = sum(srv.cpu_times()[:2])
-    with tempfile.TemporaryFile() as err_file:
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        done, peak = threading.Event(), [0]
-        sampler = threading.Thread(target=_peak_rss, args=(proc.pid, done, peak))
-        sampler.start()
-        killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
-        killer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        killer.cancel()
-        done.set()
-        sampler.join()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what a tool left running in its session
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err_file.seek(0)
-        err = err_file.read().decode(errors="replace").strip()
-    if status != 0:
-        why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
-        return f"{why}: {' | '.join(err[-600:].splitlines())}"
-    after = sum(srv.cpu_times()[:2])
-    return seconds, usage.ru_utime + usage.ru_stime, after - before, peak[0] / MiB
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size-mib", type=int, default=2048)
@@ -211,6 +152,7 @@ def main() -> None:
 
     from azure.core.exceptions import ResourceNotFoundError
 
+    from bench._common import measure_child
     from tests.servers.azurite import KEY, start_azurite
 
     settings = [tuple(int(v) for v in s.split("x")) for s in args.settings.split(",")]
@@ -240,7 +182,7 @@ def main() -> None:
             ) as server:
                 container = server.new_container()
                 cmd = command(tool, server.account_url, container, src, block_mib, concurrency)
-                m = _run(cmd, env, server.pid, args.timeout)
+                m = measure_child(cmd, env, server.pid, args.timeout, cwd=ROOT)
                 with server.service() as service:
                     try:
                         blob = service.get_blob_client(container, BLOB)

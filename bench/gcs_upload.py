@@ -37,24 +37,18 @@ shared: numbers are indicative.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
-
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -158,54 +152,6 @@ class Result:
     rss_mib: float
 
 
-def _peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
-    """Sample the RSS of the child and its descendants (wait4's ru_maxrss would include the
-    parent's, from fork, and only the largest single process)."""
-    try:
-        proc = psutil.Process(pid)
-        while not done.wait(0.05):
-            rss = proc.memory_info().rss
-            for c in proc.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    rss += c.memory_info().rss
-            peak[0] = max(peak[0], rss)
-    except psutil.Error:
-        pass
-
-
-def _run(
-    cmd: list[str], env: dict[str, str], server_pid: int, timeout: float
-) -> tuple[float, float, float, float] | str:
-    """Measure one upload; an error text if it failed or timed out."""
-    srv = psutil.Process(server_pid)
-    before = sum(srv.cpu_times()[:2])
-    with tempfile.TemporaryFile() as err_file:
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env, start_new_session=True
-        )
-        done, peak = threading.Event(), [0]
-        sampler = threading.Thread(target=_peak_rss, args=(proc.pid, done, peak))
-        sampler.start()
-        killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
-        killer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        killer.cancel()
-        done.set()
-        sampler.join()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what a tool left running in its session
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err_file.seek(0)
-        err = err_file.read().decode(errors="replace").strip()
-    if status != 0:
-        why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
-        return f"{why}: {err[-600:]}"
-    after = sum(srv.cpu_times()[:2])
-    return seconds, usage.ru_utime + usage.ru_stime, after - before, peak[0] / MiB
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--file-mib", type=int, default=2048)
@@ -222,6 +168,7 @@ def main() -> None:
         child(tool, host, bucket, Path(src), int(chunk))
         return
 
+    from bench._common import measure_child
     from tests.servers.gcs import start_fake_gcs_server, start_gcp_storage_emulator, stop
 
     starters = {
@@ -264,7 +211,7 @@ def main() -> None:
             try:
                 bucket = server.new_bucket("bench")
                 cmd, env = command(tool, server.url, bucket, src, chunk, conf)
-                m = _run(cmd, env, server.process.pid, args.timeout)
+                m = measure_child(cmd, env, server.process.pid, args.timeout)
                 got = stored_size(server.url, bucket, src.name)
                 label = f"{name} / {tool} / {chunk or 'default'}"
                 if isinstance(m, str):
