@@ -21,7 +21,7 @@ from typing import BinaryIO
 from awscrt import checksums
 
 from sidecar.storage.base import Progress
-from sidecar.storage.budget import Budget
+from sidecar.storage.budget import Budget, raise_failed
 from sidecar.storage.checksum import Crc32c
 
 __all__ = [
@@ -44,7 +44,7 @@ StageBlock = Callable[[str, bytes, bytes], None]
 def content_crc64(data: bytes) -> bytes:
     """The ``x-ms-content-crc64`` value of ``data``: Azure Storage's CRC-64 (the CRC-64/NVME
     polynomial, the same as the SDK's azure-storage-extensions computes) as 8 little-endian
-    bytes. About 20x cheaper than the MD5 alternative (bench/azure.md)."""
+    bytes. About 18x cheaper than the MD5 alternative here (0.09 against 1.57 CPU-s/GiB)."""
     crc: int = checksums.crc64nvme(data)
     return crc.to_bytes(8, "little")
 
@@ -66,11 +66,6 @@ def block_size_for(size: int, wanted: int) -> int:
     return min(MAX_BLOCK, -(-need // _MiB) * _MiB)
 
 
-class _BlockDone(Exception):
-    """Raised out of :meth:`Budget.acquire` when a block of this file is done, so that it is
-    reported outside the budget's lock (``progress`` may sleep: the bandwidth limit)."""
-
-
 def stage_file(
     f: BinaryIO,
     stage: StageBlock,
@@ -88,10 +83,11 @@ def stage_file(
     blocks would wait for a thread while holding their buffers).
 
     ``progress`` is called in this thread with each block's length once the service has
-    it. Whatever it or a block raises (``Cancelled``, a ``StorageError``, ``OSError`` from
-    reading) stops reading, cancels this file's blocks not yet sent (their slots come back),
-    waits for this file's blocks in flight and is re-raised; nothing is committed. Other
-    files' blocks on ``pool`` are neither cancelled nor waited for.
+    it (when the next block gets its slot, or at the end). Whatever it or a block raises
+    (``Cancelled``, a ``StorageError``, ``OSError`` from reading) stops reading, cancels this
+    file's blocks not yet sent (their slots come back), waits for this file's blocks in
+    flight and is re-raised; nothing is committed. Other files' blocks on ``pool`` are
+    neither cancelled nor waited for.
     """
     # Fixed-length ids, unique per upload: the service wants every id of a blob the same
     # length, and two uploads to one key must never mix blocks.
@@ -106,32 +102,15 @@ def stage_file(
             if progress:
                 progress(n)
 
-    def check() -> None:
-        """Run by ``budget.acquire`` under its lock: raise a failed block's error, or
-        :class:`_BlockDone` when a block is done and not reported yet."""
-        done = [fut for fut in pending if fut.done()]
-        for fut in done:
-            if not fut.cancelled() and fut.exception() is not None:
-                fut.result()
-        if done:
-            raise _BlockDone
-
-    def take_slot() -> None:
-        while True:
-            try:
-                budget.acquire(check)
-                return
-            except _BlockDone:
-                report({fut for fut in pending if fut.done()})
-
     def send(block_id: str, data: bytes) -> int:
         stage(block_id, data, content_crc64(data))
         return len(data)
 
     try:
         while True:
-            take_slot()
+            budget.acquire(lambda: raise_failed(pending))
             try:
+                report({fut for fut in pending if fut.done()})
                 block = f.read(block_size)
                 if not block:
                     budget.release()
@@ -140,11 +119,10 @@ def stage_file(
                 out.size += len(block)
                 block_id = f"{tag}-{len(out.block_ids):06d}"
                 out.block_ids.append(block_id)
-                fut = pool.submit(send, block_id, block)
+                fut = budget.submit(pool, send, block_id, block)
             except BaseException:
                 budget.release()
                 raise
-            fut.add_done_callback(lambda _: budget.release())
             pending.add(fut)
             del block
         while pending:

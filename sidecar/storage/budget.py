@@ -11,10 +11,22 @@ So at most ``slots`` parts of all uploads together are in memory, about
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-__all__ = ["Budget"]
+__all__ = ["Budget", "raise_failed"]
+
+T = TypeVar("T")
+
+
+def raise_failed(futures: Iterable[cf.Future[Any]]) -> None:
+    """Raise the error of a finished future that failed, if any: the usual ``check`` for
+    :meth:`Budget.acquire`, so an upload waiting for a slot sees its own failure."""
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is not None:
+            f.result()
 
 
 class Budget:
@@ -46,3 +58,11 @@ class Budget:
         with self._cond:
             self._free += 1
             self._cond.notify_all()
+
+    def submit(self, pool: cf.Executor, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
+        """Run ``fn(*args)`` on ``pool`` for a caller that holds a slot: the slot is given back
+        when the future is done, has failed or was cancelled. If ``submit`` itself raises,
+        the caller still holds the slot."""
+        future = pool.submit(fn, *args)
+        future.add_done_callback(lambda _: self.release())
+        return future

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import structlog
 
 from sidecar.storage.base import Progress, TransientError
-from sidecar.storage.budget import Budget
+from sidecar.storage.budget import Budget, raise_failed
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
 
@@ -120,26 +120,6 @@ def _run_parts(
         raise
 
 
-def _raise_failed(futures: set[cf.Future[dict[str, Any]]]) -> None:
-    """Raise the error of the first part that failed, if any."""
-    for f in futures:
-        if f.done() and not f.cancelled() and f.exception() is not None:
-            f.result()
-
-
-def _submit(
-    pool: cf.Executor,
-    futures: set[cf.Future[dict[str, Any]]],
-    budget: Budget,
-    fn: Callable[..., dict[str, Any]],
-    *args: Any,
-) -> None:
-    """Submit a part that holds one ``budget`` slot until it is done (or cancelled)."""
-    future = pool.submit(fn, *args)
-    future.add_done_callback(lambda _: budget.release())
-    futures.add(future)
-
-
 def abort(t: Target, upload_id: str) -> None:
     """AbortMultipartUpload, best effort (a failure is logged; the stale sweep retries)."""
     try:
@@ -213,7 +193,7 @@ def upload_in_parts(
             nonlocal total
             number = 0
             while True:
-                budget.acquire(lambda: _raise_failed(futures))
+                budget.acquire(lambda: raise_failed(futures))
                 try:
                     body, crc = reader.submit(_read_part, f, part_size, whole, progress).result()
                 except BaseException:
@@ -226,7 +206,7 @@ def upload_in_parts(
                     return
                 number += 1
                 total += len(body)
-                _submit(pool, futures, budget, _send_part, t, upload_id, number, body, crc)
+                futures.add(budget.submit(pool, _send_part, t, upload_id, number, body, crc))
                 del body
 
         parts = _run_parts(t, upload_id, senders, produce)
@@ -279,9 +259,9 @@ def copy_in_parts(
 
     def produce(pool: cf.Executor, futures: set[cf.Future[dict[str, Any]]]) -> None:
         for number, first in enumerate(range(0, size, part_size), start=1):
-            slots.acquire(lambda: _raise_failed(futures))
+            slots.acquire(lambda: raise_failed(futures))
             last = min(first + part_size, size) - 1
-            _submit(pool, futures, slots, _copy_part, t, upload_id, number, source, first, last)
+            futures.add(slots.submit(pool, _copy_part, t, upload_id, number, source, first, last))
 
     parts = _run_parts(t, upload_id, senders, produce)
     try:
