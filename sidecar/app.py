@@ -111,7 +111,7 @@ class Daemon:
             backend, layout, self.metrics, cfg.retention.orphan_sweep_hours
         )
         self.mode = choose_mode(cfg.watch.mode, cfg.watch.path)
-        self._symlinks_logged: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
         tracker = CompletionTracker(
             cfg.watch.path.absolute(),
             layout,
@@ -144,20 +144,21 @@ class Daemon:
         )
 
     # -- hand-offs ----------------------------------------------------------------------------
+    def _warn_once(self, event: str, path: str, reason: str) -> None:
+        """Log a skipped path once per daemon run, however often the scans meet it."""
+        if (event, path) not in self._warned:
+            self._warned.add((event, path))
+            log.warning(event, path=path, reason=reason)
+
     def _on_symlink(self, path: Any) -> None:
-        if str(path) not in self._symlinks_logged:
-            self._symlinks_logged.add(str(path))
-            log.warning(
-                "watch.symlink_skipped",
-                path=str(path),
-                reason="symlinks are never followed; copy the file into the folder",
-            )
+        self._warn_once(
+            "watch.symlink_skipped",
+            str(path),
+            "symlinks are never followed; copy the file into the folder",
+        )
 
     def _on_skip(self, path: Path, reason: str) -> None:
-        key = repr(str(path))
-        if key not in self._symlinks_logged:
-            self._symlinks_logged.add(key)
-            log.warning("watch.name_skipped", path=key, reason=reason)
+        self._warn_once("watch.name_skipped", repr(str(path)), reason)
 
     def _on_ready(self, item: CheckpointReady) -> None:
         if item.kind is EntryKind.CHECKPOINT and (known := self.committer.known_committed(item)):
