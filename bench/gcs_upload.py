@@ -16,9 +16,11 @@ exits 0 without storing every byte counts as failed. Failed runs are listed unde
 table with the tail of their error, never measured.
 MB/s = 10^6 bytes per wall second; CPU s/GB = CPU seconds per 10^9 bytes.
 
-Tools: ``ours`` = sidecar.storage.gcs.GcsBackend.put_file (resumable session, CRC32C in
-the same pass, sent with the final chunk); ``library`` = google-cloud-storage's own
-``Blob.upload_from_filename`` with the same chunk sizes and ``checksum="crc32c"``;
+Tools: ``ours`` = sidecar.storage.gcs.GcsBackend.put_file (resumable session streamed
+from the file, CRC32C in the same pass, sent with the last 256 KiB; ``--chunks-mib 0``:
+its default, one request); ``library`` = google-cloud-storage's own
+``Blob.upload_from_filename`` with the same chunk sizes (0: its default, 100 MiB) and
+``checksum="crc32c"``;
 ``gcloud`` = ``gcloud storage cp`` (endpoint from ``CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE``,
 ``auth/disable_credentials``, parallel composite uploads off: one resumable session, the
 whole file in one request; a throwaway ``CLOUDSDK_CONFIG``); ``gsutil`` = ``gsutil cp``
@@ -71,7 +73,10 @@ def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
         from sidecar.storage.options import GcsOptions
 
         backend = GcsBackend(
-            bucket, "bench", GcsOptions(chunk_size_bytes=chunk_mib * MiB), emulator_host=host
+            bucket,
+            "bench",
+            GcsOptions(chunk_size_bytes=chunk_mib * MiB or None),
+            emulator_host=host,
         )
         backend.put_file(src.name, src)
         backend.close()

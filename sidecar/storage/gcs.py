@@ -14,6 +14,7 @@ Credentials: see :mod:`sidecar.storage.gcs_client`; never logged or put in a mes
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import os
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from sidecar.storage.base import (
     Progress,
     StorageError,
 )
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_client import connect
 from sidecar.storage.gcs_errors import CorruptedInTransit, map_error
@@ -101,6 +103,12 @@ class GcsBackend(Backend):
         if threshold is None:
             threshold = 0 if self._emulator else XML_AUTO_THRESHOLD
         self._xml_threshold = threshold
+        # XML multipart parts of every upload share one budget and one pool of part threads
+        # (threads start on first use); see gcs_xml.upload_xml_multipart
+        self._budget = Budget(self.options.part_concurrency)
+        self._parts = cf.ThreadPoolExecutor(
+            self.options.part_concurrency, thread_name_prefix="gcs-part"
+        )
         self._closed = False
 
     @property
@@ -136,7 +144,7 @@ class GcsBackend(Backend):
         name = self._name(key)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size <= min(SIMPLE_MAX, self.options.chunk_size_bytes):
+            if size <= min(SIMPLE_MAX, self.options.chunk_size_bytes or SIMPLE_MAX):
                 data = f.read(size)
                 if progress is not None and data:
                     progress(len(data))  # before sending: a Cancelled here leaves nothing
@@ -199,7 +207,8 @@ class GcsBackend(Backend):
                 f,
                 size,
                 part_size=self.options.xml_part_size_bytes,
-                concurrency=self.options.part_concurrency,
+                budget=self._budget,
+                pool=self._parts,
                 headers=headers,
                 progress=progress,
             )
@@ -346,5 +355,6 @@ class GcsBackend(Backend):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._parts.shutdown(wait=True, cancel_futures=True)
             self._client.close()
             self._http.close()  # type: ignore[no-untyped-call]

@@ -1,19 +1,28 @@
-"""The chunk loop of a GCS resumable upload (JSON API), on an already opened session.
+"""The request loop of a GCS resumable upload (JSON API), on an already opened session.
 
-One chunk is in memory at a time. The CRC32C is computed as each chunk is read (the
-only pass over the file) and sent as ``X-Goog-Hash: crc32c=...`` with the final chunk,
-so GCS refuses to create an object whose bytes differ. A chunk whose request fails with
-a connection error, 408, 429 or 5xx is resumed from the offset the session reports, a
-few times, before giving up. On any failure, and on :class:`Cancelled` from
-``progress``, the session is cancelled (``DELETE``): the final chunk was never accepted,
-so no object is visible.
+The file is streamed: each request's body is read from disk as it is sent, in blocks of
+:data:`BLOCK` bytes, so an upload holds about one block in memory whatever the request
+size. The CRC32C is computed in the same read (the only pass over the file) and sent as
+``X-Goog-Hash: crc32c=...`` with a final request that carries only the last 1 to 256 KiB
+(read whole before it is sent, since the header goes first), so GCS refuses to create an
+object whose bytes differ. The bytes before it go in one request, or in requests of at
+most ``chunk_size`` bytes (whole multiples of 256 KiB, as GCS requires of every request but
+the last).
+
+A request that fails with a connection error, 408, 429 or 5xx is resumed from the offset
+the session reports, a few times, before giving up; bytes sent again are neither counted
+twice in the CRC32C nor reported twice to ``progress``. On any failure, and on
+:class:`Cancelled` from ``progress`` (also raised mid-request), the session is cancelled
+(``DELETE``): the final request was never accepted, so no object is visible.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import requests
@@ -22,10 +31,14 @@ from sidecar.storage.base import Progress, StorageError, TransientError
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import response_message, status_error
 
-__all__ = ["RETRY_PAUSES", "is_transient_status", "upload_resumable"]
+__all__ = ["BLOCK", "QUANTUM", "RETRY_PAUSES", "is_transient_status", "upload_resumable"]
 
 #: pauses (seconds) before each retry of a failed request within one upload
 RETRY_PAUSES = (0.25, 1.0, 4.0)
+#: bytes read from the file and handed to the socket at a time
+BLOCK = 1024 * 1024
+#: every request but the last must carry a whole multiple of this many bytes
+QUANTUM = 256 * 1024
 TIMEOUT = (10.0, 300.0)
 _RANGE = re.compile(r"bytes=0-(\d+)")
 
@@ -44,6 +57,65 @@ def _persisted(resp: requests.Response) -> int:
     return int(m.group(1)) + 1 if m else 0
 
 
+class _Reader:
+    """Reads the file for the whole upload; CRC32C and progress of bytes read the first time."""
+
+    def __init__(self, f: BinaryIO, size: int, where: str, progress: Progress | None) -> None:
+        self.f, self.size, self.where, self.progress = f, size, where, progress
+        self.base = f.tell()
+        self.crc = Crc32c()
+        self.seen = 0  # bytes [0, seen) are in the CRC32C
+        self._unreported = 0
+
+    def read(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset``; raises :class:`TransientError` if the file is shorter."""
+        self.f.seek(self.base + offset)
+        data = self.f.read(n)
+        if len(data) != n:
+            raise TransientError(
+                f"GCS upload {self.where}: the file shrank while it was read "
+                f"({offset + len(data)} of {self.size} bytes); it is sent again once stable"
+            )
+        if offset > self.seen:  # the session claims bytes never sent: do not guess
+            raise TransientError(
+                f"GCS upload {self.where}: the session holds bytes not sent yet "
+                f"(asked for byte {offset}, sent {self.seen}); starting again"
+            )
+        if offset + n > self.seen:
+            new = memoryview(data)[self.seen - offset :]
+            self.crc.update(new)
+            self.seen += len(new)
+            self._unreported += len(new)
+            if self._unreported >= BLOCK:
+                self.report()
+        return data
+
+    def report(self) -> None:
+        """Pass the bytes read but not yet reported to ``progress`` (may raise Cancelled)."""
+        if self.progress is not None and self._unreported:
+            n, self._unreported = self._unreported, 0
+            self.progress(n)
+
+
+class _Body:
+    """A request body: bytes ``[start, end)`` of the file, streamed; iterable again, since
+    an authorized session re-sends the same body after refreshing its token."""
+
+    def __init__(self, reader: _Reader, start: int, end: int) -> None:
+        self.reader, self.start, self.end = reader, start, end
+
+    def __len__(self) -> int:  # requests sends it as Content-Length, not chunked
+        return self.end - self.start
+
+    def __iter__(self) -> Iterator[bytes]:
+        pos = self.start
+        while pos < self.end:
+            block = self.reader.read(pos, min(BLOCK, self.end - pos))
+            pos += len(block)
+            yield block
+        self.reader.report()
+
+
 class _Session:
     """One resumable session URI (a bearer capability: it is never logged)."""
 
@@ -60,9 +132,11 @@ class _Session:
             bucket_level_404=False,
         )
 
-    def send(self, chunk: bytes, offset: int, total: int, crc: str | None) -> dict[str, Any] | None:
-        """Make the session hold ``chunk`` at ``offset``; the resource once it is final."""
-        end = offset + len(chunk)
+    def send(
+        self, body: Callable[[int], Any], offset: int, end: int, total: int, crc: str | None
+    ) -> dict[str, Any] | None:
+        """Make the session hold bytes ``[offset, end)``, sending ``body(held)`` from the
+        first byte it does not hold; the object resource once it is final."""
         held = offset
         failures = 0
         while True:
@@ -71,9 +145,7 @@ class _Session:
                 headers["X-Goog-Hash"] = f"crc32c={crc}"
             resp: requests.Response | None = None
             with contextlib.suppress(requests.exceptions.RequestException):
-                resp = self.http.put(
-                    self.url, data=chunk[held - offset :], headers=headers, timeout=TIMEOUT
-                )
+                resp = self.http.put(self.url, data=body(held), headers=headers, timeout=TIMEOUT)
             if resp is not None:
                 if resp.status_code in (200, 201):
                     return dict(resp.json())
@@ -136,45 +208,39 @@ def upload_resumable(
     f: BinaryIO,
     size: int,
     *,
-    chunk_size: int,
+    chunk_size: int | None,
     bucket: str,
     name: str,
     progress: Progress | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Send ``size`` bytes of ``f`` (from its current position) through the session.
+    """Send ``size`` (> 0) bytes of ``f`` (from its current position) through the session,
+    in requests of at most ``chunk_size`` bytes (a multiple of :data:`QUANTUM`; ``None``:
+    one request for all but the last piece).
 
-    Returns ``(crc32c_b64, object_resource)``. ``progress`` gets each chunk's size: once
-    the session holds a chunk, but for the final chunk just before it is sent, so that a
-    :class:`Cancelled` raised for it still leaves no object. Raises :class:`TransientError`
-    when the file shrinks while being read, else the mapped :class:`StorageError`.
+    Returns ``(crc32c_b64, object_resource)``. ``progress`` gets the bytes read from the
+    file, each byte once, in steps of about :data:`BLOCK`; the final request's bytes just
+    before it is sent, so that a :class:`Cancelled` raised for them still leaves no object.
+    Raises :class:`TransientError` when the file shrinks while being read, else the mapped
+    :class:`StorageError`.
     """
     session = _Session(http, session_url, bucket, name)
-    crc = Crc32c()
+    reader = _Reader(f, size, f"gs://{bucket}/{name}", progress)
+    tail = (size - 1) // QUANTUM * QUANTUM  # the final request carries [tail, size)
     offset = 0
     try:
-        while True:
-            want = min(chunk_size, size - offset)
-            chunk = f.read(want)
-            if len(chunk) != want:
-                raise TransientError(
-                    f"GCS upload gs://{bucket}/{name}: the file shrank while it was read "
-                    f"({offset + len(chunk)} of {size} bytes); it is sent again once stable"
-                )
-            crc.update(chunk)
-            final = offset + want == size
-            if final and progress is not None and want:
-                progress(want)
-            resource = session.send(chunk, offset, size, crc.b64() if final else None)
-            chunk = b""  # let it go before the next read: one chunk in memory, not two
-            offset += want
-            if final:
-                if resource is None:
-                    raise TransientError(
-                        f"GCS upload gs://{bucket}/{name}: the session did not finish the object"
-                    )
-                return crc.b64(), resource
-            if progress is not None:
-                progress(want)
+        while offset < tail:
+            end = min(offset + chunk_size, tail) if chunk_size else tail
+            session.send(functools.partial(_Body, reader, end=end), offset, end, size, None)
+            offset = end
+        last = reader.read(tail, size - tail)
+        reader.report()
+        crc = reader.crc.b64()
+        resource = session.send(lambda held: last[held - tail :], tail, size, size, crc)
+        if resource is None:
+            raise TransientError(
+                f"GCS upload gs://{bucket}/{name}: the session did not finish the object"
+            )
+        return crc, resource
     except BaseException:
         session.cancel()
         raise

@@ -1,9 +1,10 @@
 """GCS XML API multipart upload: parts sent in parallel, for very large files on real GCS.
 
 The calling thread reads the file once, in order, updating the whole-file CRC32C; each
-part goes to a worker with its own CRC32C in ``X-Goog-Hash`` so GCS checks every part.
-At most ``concurrency`` parts are in flight, so memory stays under
-``(concurrency + 1) * part_size``. Nothing is visible until the final ``POST``; on any
+part goes to one of the backend's part threads with its own CRC32C in ``X-Goog-Hash`` so
+GCS checks every part. A part is read only once it has a slot of the backend-wide
+:class:`~sidecar.storage.budget.Budget`, so the parts of all uploads together stay
+within ``slots * part_size`` bytes of memory. Nothing is visible until the final ``POST``; on any
 failure or :class:`Cancelled` the upload is aborted (``DELETE ?uploadId=``).
 Neither local emulator speaks this API: it is exercised against real GCS only, and
 tested at the HTTP level.
@@ -23,6 +24,7 @@ import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
+from sidecar.storage.budget import Budget, raise_failed
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import CorruptedInTransit, response_message, status_error
 from sidecar.storage.gcs_resumable import TIMEOUT, is_transient_status
@@ -157,16 +159,20 @@ def upload_xml_multipart(
     size: int,
     *,
     part_size: int,
-    concurrency: int,
+    budget: Budget,
+    pool: cf.Executor,
     headers: dict[str, str],
     progress: Progress | None = None,
 ) -> str:
     """Upload ``size`` bytes of ``f`` as ``gs://bucket/name``; return the whole-file CRC32C.
 
-    ``headers`` go on the initiating request (``x-goog-storage-class``,
-    ``x-goog-encryption-kms-key-name``). ``progress`` gets each part's size once GCS holds
-    it, before the object is assembled. Raises :class:`TransientError` if the file shrinks
-    while read, else the mapped :class:`StorageError`.
+    Each part in memory holds a ``budget`` slot (the backend's, shared by every upload)
+    from its read until its request is done, and is sent on ``pool`` (the backend's part
+    threads, as many as ``budget`` has slots). ``headers`` go on the initiating request
+    (``x-goog-storage-class``, ``x-goog-encryption-kms-key-name``). ``progress`` gets each
+    part's size once GCS holds it, before the object is assembled. Raises
+    :class:`TransientError` if the file shrinks while read, else the mapped
+    :class:`StorageError`; in every case the upload is aborted first.
     """
     up = _Upload(http, object_url(base_url, bucket, name), bucket, name)
     part_size = part_size_for(size, part_size)
@@ -174,49 +180,49 @@ def upload_xml_multipart(
     etags: dict[int, str] = {}
     pending: dict[cf.Future[str], tuple[int, int]] = {}
 
-    def harvest(block: bool) -> None:
-        if not pending:
-            return
-        done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED if block else cf.ALL_COMPLETED)
-        for fut in done:
+    def harvest(fs: set[cf.Future[str]]) -> None:
+        for fut in fs:
             number, length = pending.pop(fut)
             etags[number] = fut.result()
             if progress is not None:
                 progress(length)
 
-    pool = cf.ThreadPoolExecutor(concurrency, thread_name_prefix="gcs-part")
     try:
         up.initiate({"Content-Type": "application/octet-stream", **headers})
         offset, number = 0, 0
         while offset < size:
             want = min(part_size, size - offset)
-            data = f.read(want)
-            if len(data) != want:
-                raise TransientError(
-                    f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it was "
-                    f"read ({offset + len(data)} of {size} bytes); it is sent again once stable"
-                )
-            part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
-            part.update(data)
-            crc.extend(part.value(), len(data))
-            number += 1
-            pending[pool.submit(up.put_part, number, data, part.b64())] = (number, want)
+            budget.acquire(lambda: raise_failed(pending))
+            try:
+                data = f.read(want)
+                if len(data) != want:
+                    raise TransientError(
+                        f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it "
+                        f"was read ({offset + len(data)} of {size} bytes); it is sent again "
+                        "once stable"
+                    )
+                part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
+                part.update(data)
+                number += 1
+                fut = budget.submit(pool, up.put_part, number, data, part.b64())
+            except BaseException:
+                budget.release()
+                raise
+            crc.extend(part.value(), want)
+            pending[fut] = (number, want)
             offset += want
             del data
-            while len(pending) >= concurrency:
-                harvest(block=True)
-        while pending:
-            harvest(block=False)
+            harvest({p for p in pending if p.done()})  # a failed part raises here
+        done, _ = cf.wait(pending, return_when=cf.FIRST_EXCEPTION)
+        harvest(done)
         up.complete(etags)
         return crc.b64()
     except BaseException:
         for fut in pending:
             fut.cancel()
-        pool.shutdown(wait=True)
+        cf.wait(pending)
         up.abort()
         raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def _local(tag: str) -> str:

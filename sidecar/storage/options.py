@@ -63,12 +63,15 @@ class GcsOptions(_Options):
     Credentials come from Application Default Credentials (GKE Workload Identity, the VM's
     service account, ``GOOGLE_APPLICATION_CREDENTIALS``, gcloud) or, when set, the key file
     ``credentials_file``; with ``STORAGE_EMULATOR_HOST`` set, none are used (anonymous).
-    ``chunk_size_bytes``: the resumable-upload chunk, a multiple of 256 KiB; each upload
-    holds one chunk in memory (100 MiB: the fastest measured, see ``bench/gcs.md``).
+    ``chunk_size_bytes``: the most bytes one resumable-upload request carries, a multiple
+    of 256 KiB; ``None`` (the default) sends the whole file in one request but for its last
+    256 KiB or less, which go with the CRC32C, as Google recommends. Requests are streamed
+    from the file, so memory does not grow with them.
     ``xml_multipart_threshold_bytes``: files at least this large go up through the XML
-    multipart API in parts of ``xml_part_size_bytes``, ``part_concurrency`` at a time
-    (memory: ``(part_concurrency + 1) * xml_part_size_bytes`` per file); ``None`` means
-    1 GiB on real GCS and never on an emulator, ``0`` means never.
+    multipart API in parts of ``xml_part_size_bytes``, held in memory until sent;
+    ``part_concurrency`` parts of all files together at once (memory: about
+    ``part_concurrency * xml_part_size_bytes`` for the backend); ``None`` means 1 GiB on
+    real GCS and never on an emulator, ``0`` means never.
     """
 
     credentials_file: str | None = None
@@ -77,15 +80,15 @@ class GcsOptions(_Options):
     kms_key_name: str | None = Field(
         default=None, pattern=r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$"
     )
-    chunk_size_bytes: int = Field(default=100 * MiB, ge=256 * 1024, le=4096 * MiB)
+    chunk_size_bytes: int | None = Field(default=None, ge=256 * 1024)
     xml_multipart_threshold_bytes: int | None = Field(default=None, ge=0)
-    xml_part_size_bytes: int = Field(default=32 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
-    part_concurrency: int = Field(default=4, ge=1, le=32)
+    xml_part_size_bytes: int = Field(default=8 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
+    part_concurrency: int = Field(default=6, ge=1, le=32)
 
     @field_validator("chunk_size_bytes")
     @classmethod
-    def _chunk_multiple(cls, v: int) -> int:
-        if v % (256 * 1024):
+    def _chunk_multiple(cls, v: int | None) -> int | None:
+        if v is not None and v % (256 * 1024):
             raise ValueError("must be a multiple of 256 KiB (262144 bytes), as GCS requires")
         return v
 

@@ -221,7 +221,9 @@ class Recorded:
 @dataclass
 class Fault:
     """Answer the next ``times`` requests matching ``method`` and ``match`` (a regex on
-    ``path?query``) with ``status`` and ``body``, or by closing the connection (``drop``)."""
+    ``path?query``) with ``status`` and ``body``, or by closing the connection (``drop``).
+    ``keep``: an upload request broken midway; its session keeps the first ``keep`` bytes
+    of the body (as GCS persists part of a cut request), then the connection closes."""
 
     method: str
     match: str
@@ -229,6 +231,7 @@ class Fault:
     body: str = ""
     times: int = 1
     drop: bool = False
+    keep: int | None = None
 
 
 def _hash_header(value: str) -> str | None:
@@ -252,6 +255,10 @@ class GcsRecorder:
     uploads: dict[str, tuple[str, dict[int, bytes]]] = field(default_factory=dict)
     initiated: dict[str, float] = field(default_factory=dict)
     clock_offset: float = 0.0  # the store's clock minus ours, for its Date header
+    part_delay: float = 0.0  # seconds each XML part takes to store (models the link)
+    parts_in_flight: dict[str, int] = field(default_factory=dict)  # per upload id
+    max_parts_in_flight: int = 0  # of all uploads together
+    max_uploads_in_flight: int = 0  # uploads with a part being stored at the same time
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail(
@@ -263,9 +270,10 @@ class GcsRecorder:
         body: str = "",
         times: int = 1,
         drop: bool = False,
+        keep: int | None = None,
     ) -> None:
         """Script a failure: see :class:`Fault`."""
-        self.faults.append(Fault(method, match, status, body, times, drop))
+        self.faults.append(Fault(method, match, status, body, times, drop, keep))
 
     def seen(self, method: str, match: str = "") -> list[Recorded]:
         rx = re.compile(match)
@@ -315,6 +323,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.command, unquote(parts.path), query,
             {k.lower(): v for k, v in self.headers.items()}, body, parts.query,
         )  # fmt: skip
+        if len(body) < length:  # the client went away midway: nobody to answer
+            self.close_connection = True
+            return
         with st.lock:
             st.requests.append(rec)
             target = rec.path + "?" + parts.query
@@ -327,7 +338,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.times <= 0:
                     st.faults.remove(fault)
         if fault is not None:
-            if fault.drop:
+            if fault.keep is not None:
+                with st.lock:
+                    self._keep_part(st, rec, fault.keep)
+            if fault.drop or fault.keep is not None:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
@@ -407,6 +421,13 @@ class _Handler(BaseHTTPRequestHandler):
         del st.sessions[sid]
         return self._json(200, st.resource(name))
 
+    def _keep_part(self, st: GcsRecorder, rec: Recorded, keep: int) -> None:
+        _, held = st.sessions[rec.query["upload_id"]]
+        m = re.fullmatch(r"bytes (\d+)-\d+/\d+", rec.headers["content-range"])
+        assert m, rec.headers
+        del held[int(m.group(1)) :]
+        held += rec.body[:keep]
+
     def _list_uploads(self, st: GcsRecorder, prefix: str) -> None:
         items = "".join(
             f"<Upload><Key>{name}</Key><UploadId>{uid}</UploadId><Initiated>"
@@ -441,6 +462,14 @@ class _Handler(BaseHTTPRequestHandler):
             if sent is not None and sent != crc32c_of_bytes(rec.body):
                 return self._reply(400, "<Error><Code>BadDigest</Code><Message>CRC32C "
                                    "mismatch</Message></Error>")  # fmt: skip
+            with st.lock:
+                st.parts_in_flight[uid] = st.parts_in_flight.get(uid, 0) + 1
+                busy = [n for n in st.parts_in_flight.values() if n]
+                st.max_parts_in_flight = max(st.max_parts_in_flight, sum(busy))
+                st.max_uploads_in_flight = max(st.max_uploads_in_flight, len(busy))
+            time.sleep(st.part_delay)
+            with st.lock:
+                st.parts_in_flight[uid] -= 1
             parts[int(q["partNumber"])] = rec.body
             return self._reply(200, b"", ETag=f'"{crc32c_of_bytes(rec.body)}"',
                                x_goog_hash=f"crc32c={crc32c_of_bytes(rec.body)}")  # fmt: skip

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from sidecar.storage import gcs_resumable
-from sidecar.storage.base import ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage.base import Cancelled, ChecksumMismatch, PermanentError, TransientError
 from sidecar.storage.checksum import crc32c_of_bytes
 from tests.servers.gcs import GcsRecorder, gcs_backend
 
 CHUNK = 256 * 1024
+MiB = 1024 * 1024
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +52,89 @@ def test_chunks_carry_ranges_and_the_final_one_the_crc32c(
     assert "authorization" not in puts[0].headers  # emulator mode: anonymous
     assert gcs_recorder.objects["run/model.pt"] == data
     assert info.crc32c == crc32c_of_bytes(data)
+    backend.close()
+
+
+def test_one_streamed_request_then_the_last_piece_with_the_crc32c(
+    gcs_recorder: GcsRecorder, tmp_path: Path
+) -> None:
+    data = os.urandom(9 * MiB + 100)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    backend = gcs_backend(gcs_recorder.url, "b", "run")  # default chunk_size_bytes
+    seen: list[int] = []
+    backend.put_file("model.pt", path, progress=seen.append)
+    puts = gcs_recorder.seen("PUT", "upload_id")
+    total = len(data)
+    assert [(p.headers["content-range"], p.headers.get("x-goog-hash")) for p in puts] == [
+        (f"bytes 0-{9 * MiB - 1}/{total}", None),
+        (f"bytes {9 * MiB}-{total - 1}/{total}", f"crc32c={crc32c_of_bytes(data)}"),
+    ]
+    assert sum(seen) == total and max(seen) <= MiB  # reported as read, a block at a time
+    assert seen[-1] == 100  # the last piece, announced before it is sent
+    assert gcs_recorder.objects["run/model.pt"] == data
+    backend.close()
+
+
+def test_a_request_cut_midway_goes_on_from_what_the_session_kept(
+    gcs_recorder: GcsRecorder, tmp_path: Path
+) -> None:
+    data = os.urandom(9 * MiB + 7)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    gcs_recorder.fail("PUT", "upload_id=", keep=MiB + 1000)  # kept 1 MiB + 1000, then cut
+    seen: list[int] = []
+    info = backend.put_file("model.pt", path, progress=seen.append)
+    ranges = [p.headers["content-range"] for p in gcs_recorder.seen("PUT", "upload_id")]
+    total = len(data)
+    assert ranges == [
+        f"bytes 0-{9 * MiB - 1}/{total}",  # cut after 1 MiB + 1000 bytes
+        f"bytes */{total}",  # how much do you hold?
+        f"bytes {MiB + 1000}-{9 * MiB - 1}/{total}",  # only the rest, read again
+        f"bytes {9 * MiB}-{total - 1}/{total}",
+    ]
+    assert sum(seen) == total  # bytes sent twice are reported once
+    assert gcs_recorder.objects["run/model.pt"] == data  # and counted once in the CRC32C
+    assert info.crc32c == crc32c_of_bytes(data)
+    backend.close()
+
+
+def test_cancelled_midway_through_a_request_stops_it_and_leaves_no_object(
+    gcs_recorder: GcsRecorder, tmp_path: Path
+) -> None:
+    path = tmp_path / "model.pt"
+    path.write_bytes(os.urandom(64 * MiB))
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    sent: list[int] = []
+
+    def progress(n: int) -> None:
+        sent.append(n)
+        if sum(sent) >= 2 * MiB:
+            raise Cancelled("drain chose another checkpoint")
+
+    with pytest.raises(Cancelled):
+        backend.put_file("model.pt", path, progress=progress)
+    assert sum(sent) == 2 * MiB  # stopped reading at once, not at the end of the request
+    assert len(gcs_recorder.seen("DELETE", "upload_id")) == 1
+    assert gcs_recorder.objects == {} and gcs_recorder.sessions == {}
+    backend.close()
+
+
+def test_a_file_shrinking_midway_is_transient_and_leaves_no_object(
+    gcs_recorder: GcsRecorder, tmp_path: Path
+) -> None:
+    path = tmp_path / "model.pt"
+    path.write_bytes(os.urandom(16 * MiB))
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+
+    def progress(n: int) -> None:
+        os.truncate(path, 3 * MiB)  # the trainer rewrites it while it is sent
+
+    with pytest.raises(TransientError, match="shrank"):
+        backend.put_file("model.pt", path, progress=progress)
+    assert len(gcs_recorder.seen("DELETE", "upload_id")) == 1
+    assert gcs_recorder.objects == {}
     backend.close()
 
 

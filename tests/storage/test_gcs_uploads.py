@@ -4,6 +4,7 @@ manifests, copies by ``rewrite``, cancelled uploads."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,25 @@ def test_resumable_upload_goes_in_chunks_and_records_crc32c(
     assert info.crc32c == crc32c_of_bytes(data)
     assert backend.head("step-10/model.pt").crc32c == crc32c_of_bytes(data)
     assert backend.get_bytes("step-10/model.pt") == data
+    backend.close()
+
+
+def test_an_upload_streams_the_file_instead_of_holding_a_chunk(
+    server: GcsServer, tmp_path: Path
+) -> None:
+    data = os.urandom(48 * 1024 * KiB)
+    src = tmp_path / "model.pt"
+    src.write_bytes(data)
+    backend = gcs_backend(server.url, server.new_bucket())  # default: 100 MiB per request
+    tracemalloc.start()
+    try:
+        info = backend.put_file("model.pt", src)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * KiB  # a few 1 MiB blocks, not the 48 MiB request
+    assert info.crc32c == crc32c_of_bytes(data)
+    assert backend.get_bytes("model.pt") == data
     backend.close()
 
 

@@ -3,6 +3,7 @@ recording look-alike plays GCS and the requests are checked one by one."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import re
 import time
@@ -37,9 +38,10 @@ def src(tmp_path: Path) -> Iterator[tuple[Path, bytes]]:
 
 
 def _backend(recorder: GcsRecorder, **options: object) -> GcsBackend:
+    options = {"part_concurrency": 2, **options}
     return gcs_backend(
         recorder.url, "b", "run", xml_part_size_bytes=PART, xml_multipart_threshold_bytes=PART,
-        part_concurrency=2, **options,
+        **options,
     )  # fmt: skip
 
 
@@ -151,6 +153,48 @@ def test_missing_bucket_on_initiate_is_permanent(
     gcs_recorder.fail("POST", "uploads", status=404, body=body)
     with pytest.raises(PermanentError, match="bucket 'b' does not exist"):
         backend.put_file("w.bin", path)
+    backend.close()
+
+
+def test_parts_in_flight_are_bounded_for_the_whole_backend(
+    gcs_recorder: GcsRecorder, tmp_path: Path
+) -> None:
+    files = {}
+    for i in range(2):
+        files[f"shard-{i}.bin"] = data = os.urandom(4 * PART)
+        (tmp_path / f"shard-{i}.bin").write_bytes(data)
+    backend = _backend(gcs_recorder, part_concurrency=3)
+    gcs_recorder.part_delay = 0.05  # each part takes a while: the two uploads overlap
+    with cf.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda n: backend.put_file(n, tmp_path / n), files))
+    assert gcs_recorder.max_uploads_in_flight == 2  # the two uploads did overlap
+    assert 1 < gcs_recorder.max_parts_in_flight <= 3  # 3 for both files together, not 3 each
+    assert {n: gcs_recorder.objects[f"run/{n}"] for n in files} == files
+    backend.close()
+
+
+def test_a_failed_part_fails_only_its_own_file(gcs_recorder: GcsRecorder, tmp_path: Path) -> None:
+    for i in range(2):
+        (tmp_path / f"shard-{i}.bin").write_bytes(os.urandom(4 * PART))
+    backend = _backend(gcs_recorder, part_concurrency=2)
+    gcs_recorder.part_delay = 0.05
+    denied = "<Error><Code>AccessDenied</Code><Message>Access denied.</Message></Error>"
+    gcs_recorder.fail("PUT", "partNumber=2&", status=403, body=denied)  # the first part 2
+
+    def put(name: str) -> object:
+        try:
+            return backend.put_file(name, tmp_path / name)
+        except PermanentError as e:
+            return e
+
+    names = ["shard-0.bin", "shard-1.bin"]
+    with cf.ThreadPoolExecutor(2) as pool:
+        results = dict(zip(names, pool.map(put, names), strict=True))
+    failed = [n for n, r in results.items() if isinstance(r, PermanentError)]
+    assert len(failed) == 1  # whichever sent a part 2 first; the other is whole
+    (whole,) = set(results) - set(failed)
+    assert gcs_recorder.objects == {f"run/{whole}": (tmp_path / whole).read_bytes()}
+    assert gcs_recorder.uploads == {}  # the failed one was aborted
     backend.close()
 
 
