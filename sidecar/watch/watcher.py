@@ -26,6 +26,10 @@ log = structlog.get_logger("sidecar.watch")
 
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "ceph", "9p", "glusterfs", "gpfs"}
 _IDLE_CHECK = 5.0  # seconds between checks that the root still exists while idle
+#: after the first event of a quiet spell, events are let gather this long before they are
+#: read: the daemon's own reads make two events per file, and taken one by one they cost
+#: several times the CPU (bench/commit_latency.md, 10,000 files)
+BATCH_SECONDS = 0.02
 
 
 def _fs_type(path: Path) -> str | None:
@@ -172,6 +176,7 @@ class Watcher:
         try:
             ev = self._events.get(timeout=timeout)
             self._feed(ev)
+            self._stop.wait(BATCH_SECONDS)
             while True:
                 self._feed(self._events.get_nowait())
         except queue.Empty:
