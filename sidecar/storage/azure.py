@@ -98,6 +98,7 @@ class AzureBackend(Backend):
         # threads as the budget has slots (see stage_file).
         self._budget = Budget(opts.max_concurrency)
         self._blocks = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="azure-block")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="azure-read")
 
     @property
     def url(self) -> str:
@@ -150,6 +151,7 @@ class AzureBackend(Backend):
                 block_size=block_size_for(size, self._opts.block_size_bytes),
                 budget=self._budget,
                 pool=self._blocks,
+                reader=self._reader,
                 progress=progress,
             )
         crc = staged.crc.b64()
@@ -254,5 +256,6 @@ class AzureBackend(Backend):
 
     def close(self) -> None:
         self._blocks.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
         with contextlib.suppress(StorageError, AzureError):
             self._container.close()

@@ -109,6 +109,7 @@ class GcsBackend(Backend):
         self._parts = cf.ThreadPoolExecutor(
             self.options.part_concurrency, thread_name_prefix="gcs-part"
         )
+        self._reader = cf.ThreadPoolExecutor(1, thread_name_prefix="gcs-read")
         self._closed = False
 
     @property
@@ -209,6 +210,7 @@ class GcsBackend(Backend):
                 part_size=self.options.xml_part_size_bytes,
                 budget=self._budget,
                 pool=self._parts,
+                reader=self._reader,
                 headers=headers,
                 progress=progress,
             )
@@ -356,5 +358,6 @@ class GcsBackend(Backend):
         if not self._closed:
             self._closed = True
             self._parts.shutdown(wait=True, cancel_futures=True)
+            self._reader.shutdown(wait=True)
             self._client.close()
             self._http.close()  # type: ignore[no-untyped-call]

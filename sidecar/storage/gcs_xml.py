@@ -161,6 +161,7 @@ def upload_xml_multipart(
     part_size: int,
     budget: Budget,
     pool: cf.Executor,
+    reader: cf.Executor,
     headers: dict[str, str],
     progress: Progress | None = None,
 ) -> str:
@@ -168,7 +169,9 @@ def upload_xml_multipart(
 
     Each part in memory holds a ``budget`` slot (the backend's, shared by every upload)
     from its read until its request is done, and is sent on ``pool`` (the backend's part
-    threads, as many as ``budget`` has slots). ``headers`` go on the initiating request
+    threads, as many as ``budget`` has slots); every part is read on ``reader`` (the
+    backend's one reading thread, so the C allocator reuses freed part buffers instead of
+    growing an arena per uploading thread). ``headers`` go on the initiating request
     (``x-goog-storage-class``, ``x-goog-encryption-kms-key-name``). ``progress`` gets each
     part's size once GCS holds it, before the object is assembled. Raises
     :class:`TransientError` if the file shrinks while read, else the mapped
@@ -194,7 +197,7 @@ def upload_xml_multipart(
             want = min(part_size, size - offset)
             budget.acquire(lambda: raise_failed(pending))
             try:
-                data = f.read(want)
+                data = reader.submit(f.read, want).result()
                 if len(data) != want:
                     raise TransientError(
                         f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it "
