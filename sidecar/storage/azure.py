@@ -3,7 +3,9 @@
 Files go up as block blobs: blocks staged in parallel, each with a transactional CRC-64
 (``x-ms-content-crc64``) the service verifies, then one Put Block List makes the blob
 visible at once (a cancelled or failed upload commits nothing; an older blob at the key
-stays readable). The whole-file CRC32C,
+stays readable). A file of at most one block (and at most :data:`SINGLE_PUT_MAX`) goes in
+one Put Blob with a Content-MD5 the service verifies instead: one request, not two. The
+whole-file CRC32C,
 computed in the same read pass, is stored as blob metadata ``crc32c`` and reported by
 ``head`` and ``list``. Create-only writes send ``If-None-Match: *``. ``copy`` is the
 service's Copy Blob from the source URL, polled until the service reports it done; with a
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["AzureBackend", "create"]
 
 CRC_METADATA = "crc32c"
+#: files up to this size (and one block) go up in one Put Blob
+SINGLE_PUT_MAX = 8 * 1024 * 1024
 
 
 def create(url: DestinationUrl, dest: DestinationConfig) -> Backend:
@@ -145,6 +149,8 @@ class AzureBackend(Backend):
 
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
+            if size <= min(SINGLE_PUT_MAX, self._opts.block_size_bytes):
+                return self._put_single(key, blob, f, size, progress)
             staged = stage_file(
                 f,
                 stage,
@@ -164,6 +170,32 @@ class AzureBackend(Backend):
                 encryption_scope=self._scope,
             )
         return ObjectInfo(key=key, size=staged.size, crc32c=crc, mtime=_mtime(done))
+
+    def _put_single(
+        self, key: str, blob: BlobClient, f: BinaryIO, size: int, progress: Progress | None
+    ) -> ObjectInfo:
+        """One Put Blob of the file's ``size`` bytes, holding a budget slot while they are in
+        memory; ``progress`` is told before the request, so a Cancelled leaves nothing."""
+        self._budget.acquire()
+        try:
+            data = self._reader.submit(f.read, size).result()
+            if progress is not None and data:
+                progress(len(data))
+            crc = crc32c_of_bytes(data)
+            with self._errors("upload", key):
+                done: dict[str, Any] = blob.upload_blob(
+                    data,
+                    length=len(data),
+                    overwrite=True,
+                    validate_content=True,  # Content-MD5, checked by the service
+                    metadata={CRC_METADATA: crc},
+                    standard_blob_tier=self._tier,
+                    cpk=self._cpk,
+                    encryption_scope=self._scope,
+                )
+        finally:
+            self._budget.release()
+        return ObjectInfo(key=key, size=len(data), crc32c=crc, mtime=_mtime(done))
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> ObjectInfo:
         crc = crc32c_of_bytes(data)

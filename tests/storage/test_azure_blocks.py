@@ -32,9 +32,15 @@ class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily expo
     enough for uploads to overlap."""
 
     def __init__(
-        self, corrupt_block: int | None = None, corrupt_blob: str | None = None, delay: float = 0
+        self,
+        corrupt_block: int | None = None,
+        corrupt_blob: str | None = None,
+        delay: float = 0,
+        corrupt_put_blob: bool = False,
     ) -> None:
         super().__init__()
+        self.corrupt_put_blob = corrupt_put_blob
+        self.puts: list[str] = []  # every PUT: "blob", "block" or "blocklist"
         self.corrupt_block = corrupt_block
         self.corrupt_blob = corrupt_blob
         self.delay = delay
@@ -46,6 +52,13 @@ class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily expo
         self._lock = threading.Lock()
 
     def send(self, request: Any, **kwargs: Any) -> Any:
+        if request.method == "PUT" and "/ckpt/" in request.url:
+            kind = "block" if "comp=block&" in request.url else "blob"
+            self.puts.append("blocklist" if "comp=blocklist" in request.url else kind)
+        if "comp=" not in request.url and request.method == "PUT" and self.corrupt_put_blob:
+            self.corrupt_put_blob = False
+            body = bytes(request.data)
+            request.data = bytes([body[0] ^ 0xFF]) + body[1:]
         if "comp=block&" not in request.url:
             return super().send(request, **kwargs)
         blob = request.url.split("?", 1)[0].split("/ckpt/", 1)[-1]
@@ -125,6 +138,56 @@ def test_block_damaged_on_the_wire_is_rejected(
         backend.put_file("w.bin", tmp_path / "w.bin")
     with pytest.raises(NotFound):
         backend.head("w.bin")
+
+
+def test_file_of_one_block_goes_in_one_verified_put_blob(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    data = os.urandom(1 * MiB - 5)
+    (tmp_path / "small.bin").write_bytes(data)
+    transport = WatchingTransport()
+    backend = backend_with(azurite, container, transport, block_size_bytes=1 * MiB)
+    seen: list[int] = []
+    info = backend.put_file("small.bin", tmp_path / "small.bin", progress=seen.append)
+    assert transport.puts == ["blob"]  # one request, not a block and a block list
+    assert (info.size, info.crc32c, seen) == (len(data), crc32c_of_bytes(data), [len(data)])
+    assert backend.head("small.bin").crc32c == crc32c_of_bytes(data)
+    assert backend.get_bytes("small.bin") == data
+    (tmp_path / "two.bin").write_bytes(os.urandom(1 * MiB + 1))
+    backend.put_file("two.bin", tmp_path / "two.bin")  # more than a block: blocks, as before
+    assert transport.puts[1:] == ["block", "block", "blocklist"]
+
+
+def test_one_put_blob_damaged_on_the_wire_is_rejected(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    (tmp_path / "small.bin").write_bytes(os.urandom(4096))
+    transport = WatchingTransport(corrupt_put_blob=True)
+    backend = backend_with(azurite, container, transport)
+    with pytest.raises(ChecksumMismatch, match="Md5Mismatch"):
+        backend.put_file("small.bin", tmp_path / "small.bin")
+    with pytest.raises(NotFound):
+        backend.head("small.bin")
+    backend.put_file("small.bin", tmp_path / "small.bin")  # sent again, undamaged: stored
+    assert backend.get_bytes("small.bin") == (tmp_path / "small.bin").read_bytes()
+
+
+def test_cancelled_put_blob_leaves_the_old_blob(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    (tmp_path / "small.bin").write_bytes(b"new bytes")
+    transport = WatchingTransport()
+    backend = backend_with(azurite, container, transport)
+    backend.put_bytes("small.bin", b"previous checkpoint")
+    transport.puts.clear()
+
+    def cancel(n: int) -> None:
+        raise Cancelled("drain chose another checkpoint")
+
+    with pytest.raises(Cancelled):
+        backend.put_file("small.bin", tmp_path / "small.bin", progress=cancel)
+    assert transport.puts == []  # told before anything was sent
+    assert backend.get_bytes("small.bin") == b"previous checkpoint"
 
 
 def test_cancel_commits_nothing_and_keeps_old_blob(
