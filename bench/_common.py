@@ -14,20 +14,32 @@ import random
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psutil
 
+from sidecar.config import DestinationConfig
+from sidecar.storage.base import Backend
+from sidecar.storage.options import AzureOptions
+from sidecar.storage.registry import open_backend
 from tests.e2e.harness import Daemon, Event
+from tests.servers.azurite import KEY, Azurite, azurite_binary
+from tests.servers.gcs import GcsServer, start_gcp_storage_emulator
+from tests.servers.gcs import stop as stop_gcs
 from tests.servers.seaweedfs import S3Server, new_bucket, start_seaweedfs, stop_seaweedfs
 
 KiB = 1024
@@ -61,18 +73,34 @@ class Report:
     )
     rows: list[dict[str, Any]] = field(default_factory=list)
     code: str = field(default_factory=lambda: code_version())
+    sidecar_diff: str = field(default_factory=lambda: sidecar_diff_stat())
 
     def machine(self) -> str:
         mem = psutil.virtual_memory().total / GiB
         py = sys.version.split()[0]
         return f"{os.cpu_count()} cores, {mem:.0f} GiB RAM, {sys.platform}, Python {py}"
 
-    def finish(self, table: str, extra: dict[str, Any] | None = None) -> None:
-        """Print the Markdown header and table; write ``bench/<name>.json``."""
+    def finish(
+        self,
+        table: str,
+        extra: dict[str, Any] | None = None,
+        merge_on: Sequence[str] = (),
+    ) -> None:
+        """Print the Markdown header and table; write ``bench/<name>.json``.
+
+        Without ``merge_on`` the file holds this run only. With it (the row keys naming a
+        measured case, the destination first), the file is a list of runs, each with its own
+        date, command, load and code: rows of earlier runs are kept unless this run measured
+        the same case, so a run of ``--backends gcs,azure`` leaves the ``file``/``s3``
+        results of an earlier run, and their date, as they were.
+        """
         self.load_end = load()
         print(f"\n{self.started}; {self.machine()}")
         print(f"load average (1, 5, 15 min): start {self.load_start}, end {self.load_end}")
         print(f"code: {self.code}")
+        if self.sidecar_diff:
+            print("git diff --stat HEAD -- sidecar (at the start):")
+            print("\n".join("    " + line for line in self.sidecar_diff.splitlines()))
         print(f"command: `{self.command}`\n")
         print(table)
         data = {
@@ -82,10 +110,49 @@ class Report:
             "load_end": self.load_end,
             "command": self.command,
             "code": self.code,
+            "sidecar_diff_stat": self.sidecar_diff,
             "rows": self.rows,
             **(extra or {}),
         }
-        (BENCH / f"{self.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+        path = BENCH / f"{self.name}.json"
+        if not merge_on:
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            return
+
+        def case(r: dict[str, Any]) -> tuple[str, ...]:
+            return tuple(str(r.get(k)) for k in merge_on)
+
+        measured = {case(r) for r in self.rows}
+        runs = []
+        for old in earlier_runs(path):
+            old["rows"] = [r for r in old.get("rows", []) if case(r) not in measured]
+            if old["rows"]:
+                runs.append(old)
+        runs.append(data)
+        path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+        for old in runs[:-1]:
+            kept = sorted({str(r.get(merge_on[0])) for r in old["rows"]})
+            print(f"kept in {path.name}: {', '.join(kept)} of {old['date']} `{old['command']}`")
+
+
+def earlier_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs in an existing ``bench/<name>.json``: a ``{"runs": [...]}`` file, or the
+    older one-run layout (top-level ``date``, ``command``, ``rows``) as one run."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        return [dict(r) for r in data["runs"]]
+    return [dict(data)] if isinstance(data, dict) and "rows" in data else []
+
+
+def sidecar_diff_stat() -> str:
+    """``git diff --stat HEAD -- sidecar``: the uncommitted code a figure was measured on."""
+    try:
+        out = run_quiet(["git", "diff", "--stat", "HEAD", "--", "sidecar"], cwd=BENCH.parent)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.decode().rstrip()
 
 
 def code_version() -> str:
@@ -185,6 +252,153 @@ def s3_env(server: S3Server, endpoint: str | None = None) -> dict[str, str]:
     return env
 
 
+#: what ``store(kind)`` yields: the running server of a destination kind (None for file://)
+Store = S3Server | GcsServer | Azurite | None
+#: the GCS emulators ``store("gcs", ...)`` can start
+GCS_EMULATORS = ("fake-gcs-server", "gcp-storage-emulator")
+KINDS = {
+    "file": "file://",
+    "s3": "S3 (SeaweedFS)",
+    "gcs": "GCS",
+    "azure": "Azure (Azurite)",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _answers(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # 400/403 for an unsigned request: the server is up
+    except OSError:
+        return False
+
+
+def _wait_answers(url: str, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not _answers(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{what} did not answer on {url} (exit {proc.poll()}): {tail}")
+        time.sleep(0.1)
+
+
+def start_fake_gcs_on_disk(data: Path) -> GcsServer:
+    """fake-gcs-server with ``-backend filesystem`` under ``data``: finished objects are kept
+    on disk (tests/servers/gcs.py starts it with ``-backend memory``). An upload in progress
+    is still held in its memory, whole (v1.54 ``uploadFileContent`` appends every request's
+    body to the object's content and hashes it all again)."""
+    from tests.servers.gcs import _fake_gcs_binary
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = data / "fake-gcs-server.log"
+    args = [
+        str(_fake_gcs_binary()),
+        "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+        "-backend", "filesystem", "-filesystem-root", str(data / "root"),
+        "-external-url", url, "-log-level", "warn",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = GcsServer("fake-gcs-server", url, proc, log)
+    try:
+        _wait_answers(url + "/storage/v1/b", proc, log, "fake-gcs-server")
+    except BaseException:
+        stop_gcs(server)
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def azurite_on_disk(data: Path) -> Iterator[Azurite]:
+    """``azurite-blob`` persisting to ``data`` (``--location``: blocks go to extent files on
+    disk; tests/servers/azurite.py keeps everything in memory, capped at 2 GiB)."""
+    port = free_port()
+    log = data / "azurite.log"
+    cmd = [
+        azurite_binary(),
+        "--blobHost", "127.0.0.1", "--blobPort", str(port),
+        "--location", str(data / "azurite"),
+        "--skipApiVersionCheck", "--disableTelemetry", "--silent",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=data, stdout=out, stderr=subprocess.STDOUT)
+    server = Azurite(port, proc.pid)
+    try:
+        _wait_answers(f"{server.account_url}?comp=list", proc, log, "Azurite")
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def store(kind: str, gcs_emulator: str = "fake-gcs-server") -> Iterator[Store]:
+    """The server a destination kind needs, in its own temp folder, stopped and removed at
+    the end: none (``file``), SeaweedFS (``s3``), a GCS emulator (``gcs``: ``gcs_emulator``,
+    fake-gcs-server on disk or gcp-storage-emulator in memory) or Azurite on disk (``azure``).
+    """
+    if kind == "file":
+        yield None
+        return
+    if kind == "s3":
+        with seaweedfs() as s3:
+            yield s3
+        return
+    if kind not in KINDS:
+        raise ValueError(f"unknown destination kind {kind!r}; one of {', '.join(KINDS)}")
+    data = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+    try:
+        if kind == "azure":
+            with azurite_on_disk(data) as az:
+                yield az
+            return
+        if gcs_emulator not in GCS_EMULATORS:
+            raise ValueError(f"unknown GCS emulator {gcs_emulator!r}")
+        gcs = (
+            start_fake_gcs_on_disk(data)
+            if gcs_emulator == "fake-gcs-server"
+            else start_gcp_storage_emulator(data)  # --in-memory
+        )
+        try:
+            yield gcs
+        finally:
+            stop_gcs(gcs)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def store_pid(server: Store) -> int | None:
+    """The server's process id (for its CPU and RSS), if it runs as one."""
+    if isinstance(server, S3Server | GcsServer):
+        return server.process.pid
+    if isinstance(server, Azurite):
+        return server.pid
+    return None
+
+
+def store_label(kind: str, server: Store) -> str:
+    if isinstance(server, GcsServer):
+        return f"GCS ({server.name})"
+    return KINDS.get(kind, kind)
+
+
 @dataclass
 class Target:
     """A destination for one run: the URL and the env the daemon needs for it."""
@@ -192,24 +406,52 @@ class Target:
     url: str
     env: dict[str, str]
     local: Path | None = None  # file:// only: the folder
+    azure: AzureOptions | None = None  # az:// only: the options the env sets, for in-process
+
+    def backend(self) -> Backend:
+        """The same backend class the daemon uses for this destination, in this process
+        (the target's non-``CKPT_SIDECAR_`` variables are put into ``os.environ`` first)."""
+        os.environ.update({k: v for k, v in self.env.items() if not k.startswith("CKPT_")})
+        return open_backend(DestinationConfig(url=self.url, azure=self.azure or AzureOptions()))
 
 
-def new_target(kind: str, work: Path, server: S3Server | None, stem: str) -> Target:
-    """A fresh, empty destination: a new folder (``file``) or a new bucket (``s3``)."""
+def new_target(kind: str, work: Path, server: Store, stem: str) -> Target:
+    """A fresh, empty destination: a new folder (``file``), bucket (``s3``, ``gcs``) or
+    container (``azure``)."""
     if kind == "file":
         d = Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=work))
         return Target(f"file://{d}", {}, d)
-    assert server is not None
+    if kind == "gcs":
+        assert isinstance(server, GcsServer)
+        return Target(
+            f"gs://{server.new_bucket(stem)}/bench", {"STORAGE_EMULATOR_HOST": server.url}
+        )
+    if kind == "azure":
+        assert isinstance(server, Azurite)
+        env = {
+            "CKPT_SIDECAR_DESTINATION__AZURE__ACCOUNT_URL": server.account_url,
+            "CKPT_SIDECAR_DESTINATION__AZURE__ACCOUNT_KEY": KEY,
+        }
+        opts = AzureOptions.model_validate({"account_url": server.account_url, "account_key": KEY})
+        return Target(f"az://{server.new_container()}/bench", env, azure=opts)
+    assert isinstance(server, S3Server)
     return Target(f"s3://{new_bucket(server, stem)}/bench", s3_env(server))
 
 
-def drop_target(t: Target, server: S3Server | None) -> None:
-    """Delete a destination's objects (the bucket too) so the disk does not fill."""
+def drop_target(t: Target, server: Store) -> None:
+    """Delete a destination's objects (the bucket or container too) so the disk does not
+    fill."""
     if t.local is not None:
         shutil.rmtree(t.local, ignore_errors=True)
         return
-    assert server is not None
-    bucket = t.url.removeprefix("s3://").split("/", 1)[0]
+    bucket = t.url.split("://", 1)[1].split("/", 1)[0]
+    if isinstance(server, Azurite):
+        server.delete_container(bucket)
+        return
+    if isinstance(server, GcsServer):
+        _drop_gcs_bucket(server.url, bucket)
+        return
+    assert isinstance(server, S3Server)
     c = server.client()
     try:
         for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
@@ -219,6 +461,29 @@ def drop_target(t: Target, server: S3Server | None) -> None:
         c.delete_bucket(Bucket=bucket)
     finally:
         c.close()
+
+
+def _drop_gcs_bucket(host: str, bucket: str) -> None:
+    """Every object of ``bucket`` deleted through the JSON API (8 at a time), then the bucket."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    base = f"{host}/storage/v1/b/{quote(bucket, safe='')}"
+
+    def call(method: str, url: str) -> bytes:
+        with opener.open(urllib.request.Request(url, method=method), timeout=60) as resp:
+            body: bytes = resp.read()
+            return body
+
+    names: list[str] = []
+    token = ""
+    while True:
+        page = json.loads(call("GET", f"{base}/o?maxResults=1000&pageToken={quote(token)}"))
+        names += [str(o["name"]) for o in page.get("items", [])]
+        token = page.get("nextPageToken") or ""
+        if not token:
+            break
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda n: call("DELETE", f"{base}/o/{quote(n, safe='')}"), names))
+    call("DELETE", base)
 
 
 # ----------------------------------------------------------------------------- daemon

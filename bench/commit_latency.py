@@ -1,15 +1,20 @@
 """Commit latency: time from a checkpoint folder being complete to its manifest, minus transfer.
 
 Two checkpoint folders (default layout ``plain``): 100 files of 1-64 MiB (sizes from seed 11)
-and 10,000 files of 4 KiB, against ``file://`` (a folder on the same disk) and S3 on a local
-SeaweedFS. For each run:
+and 10,000 files of 4 KiB, against ``file://`` (a folder on the same disk), S3 on a local
+SeaweedFS, GCS on a local emulator (fake-gcs-server with ``-backend filesystem`` by default:
+gcp-storage-emulator rewrites its whole metadata file on every object written, which grows
+with the square of 10,000 files) and Azure Blob on a local Azurite persisting to disk; one
+server for the whole run of a backend. For each run:
 
 1. the daemon starts on an empty watch folder and a fresh destination and logs ``daemon.ready``;
 2. the finished folder is renamed into the watch folder as ``step_1`` (what a careful trainer
    does; every file was closed before) -- ``t_done`` is taken right after the rename;
 3. ``checkpoint.committed`` is logged right after the manifest's create-only write returned;
-4. pure transfer: the same files go to a fresh destination through the same backend's
-   ``put_file`` in this process, 4 at a time (the daemon's ``upload.concurrency``), timed.
+4. pure transfer: the same files go to a fresh destination through the same backend class's
+   ``put_file`` (``open_backend`` on the same URL and options, so the same client library,
+   chunk/part/block sizes and checksums as the daemon) in this process, 4 at a time (the
+   daemon's ``upload.concurrency``), timed.
 
 overhead = (committed - t_done) - settle_seconds - pure transfer of the same run. A plain folder
 is complete when nothing changed for ``watch.settle_seconds`` (set to ``--settle``, default
@@ -17,6 +22,7 @@ is complete when nothing changed for ``watch.settle_seconds`` (set to ``--settle
 commit are reported too. Every run uses a fresh destination so no file is copied server-side.
 
     .venv/bin/python -m bench.commit_latency --runs 3 --backends file,s3
+    .venv/bin/python -m bench.commit_latency --runs 3 --backends gcs,azure
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from typing import Any
 import psutil
 
 from bench._common import (
+    GCS_EMULATORS,
+    KINDS,
     KiB,
     MiB,
     Report,
@@ -41,21 +49,18 @@ from bench._common import (
     drop_target,
     md_table,
     new_target,
-    s3_env,
-    seaweedfs,
     spread_sizes,
     start_daemon,
     stop_daemon,
+    store,
+    store_label,
     tree_bytes,
     tree_cpu,
     tree_files,
     ts,
     write_folder,
 )
-from sidecar.config import DestinationConfig
-from sidecar.storage.registry import open_backend
 from tests.e2e.harness import checkpoint_is
-from tests.servers.seaweedfs import S3Server
 
 SHAPES = {  # key: (label, file sizes, target overhead in seconds)
     "big": ("100 x 1-64 MiB", spread_sizes(100, 1, 64, seed=11), 0.5),
@@ -93,9 +98,9 @@ def daemon_run(src: Path, work: Path, t: Target, settle: float) -> dict[str, Any
 def transfer_run(src: Path, t: Target) -> tuple[float, float]:
     """(seconds, CPU seconds of this process) to put every file of ``src`` with the backend's
     put_file, 4 at a time."""
-    backend = open_backend(DestinationConfig(url=t.url))
+    backend = t.backend()
     files = tree_files(src)
-    me = psutil.Process()  # this process only: SeaweedFS is a child of it
+    me = psutil.Process()  # this process only: the server is a child of it
     try:
         cpu0 = sum(me.cpu_times()[:2])
         start = time.perf_counter()
@@ -114,11 +119,12 @@ def transfer_run(src: Path, t: Target) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--backends", default="file,s3")
+    p.add_argument("--backends", default="file,s3", help="of file, s3, gcs, azure")
     p.add_argument(
         "--shapes", default="big,small", help="big: 100 x 1-64 MiB; small: 10,000 x 4 KiB"
     )
     p.add_argument("--settle", type=float, default=0.5)
+    p.add_argument("--gcs-emulator", choices=GCS_EMULATORS, default="fake-gcs-server")
     a = p.parse_args()
     shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
     backends = a.backends.split(",")
@@ -129,12 +135,9 @@ def main() -> None:
         for i, name in enumerate(shapes):
             stage[name] = work / f"stage-{i}"
             write_folder(stage[name], SHAPES[name][1], seed=11 + i)
-        server_cm = seaweedfs() if "s3" in backends else None
-        server: S3Server | None = server_cm.__enter__() if server_cm else None
-        try:
-            if server is not None:
-                os.environ.update(s3_env(server))  # for the in-process put_file
-            for backend in backends:
+        for backend in backends:
+            with store(backend, a.gcs_emulator) as server:
+                where = store_label(backend, server)
                 for name in shapes:
                     src = stage[name]
                     for run in range(a.runs):
@@ -151,6 +154,7 @@ def main() -> None:
                         r["overhead_s"] = r["to_manifest_s"] - a.settle - r["transfer_s"]
                         row = {
                             "backend": backend,
+                            "store": where,
                             "checkpoint": SHAPES[name][0],
                             "run": run + 1,
                             "bytes": tree_bytes(src),
@@ -159,12 +163,9 @@ def main() -> None:
                         }
                         report.rows.append(row)
                         print(row, flush=True)
-        finally:
-            if server_cm is not None:
-                server_cm.__exit__(None, None, None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report.finish(table(report.rows, backends, shapes))
+    report.finish(table(report.rows, backends, shapes), merge_on=("backend", "checkpoint"))
 
 
 def table(rows: list[dict[str, Any]], backends: list[str], shapes: list[str]) -> str:
@@ -182,7 +183,7 @@ def table(rows: list[dict[str, Any]], backends: list[str], shapes: list[str]) ->
             over = med("overhead_s")
             out.append(
                 [
-                    "file://" if backend == "file" else "S3 (SeaweedFS)",
+                    rs[0].get("store") or KINDS[backend],
                     label,
                     f"{rs[0]['bytes'] / MiB:,.0f}",
                     f"{med('to_manifest_s'):.2f}",

@@ -1,7 +1,8 @@
 """Start-up: time from process start to ``daemon.ready`` and to the end of the convergence
 scan, with 10,000 files already committed, and proof that no data object is downloaded.
 
-Set-up per destination (``file://`` on the same disk, S3 on a local SeaweedFS): 10,000 files
+Set-up per destination (``file://`` on the same disk, S3 on a local SeaweedFS, GCS on
+fake-gcs-server persisting to disk, Azure Blob on Azurite persisting to disk): 10,000 files
 of 4 KiB as 100 checkpoints x 100 files and as 1 checkpoint x 10,000 files, committed by a
 first daemon run (queue and retention opened wide for that run only). Measured runs use the
 default settings (settle 1.0 s, queue of 4: older checkpoints found at start are superseded
@@ -13,12 +14,17 @@ logged ``checkpoint.already_committed`` or ``checkpoint.superseded``; a
 * cold: ``CKPT_SIDECAR_STATE__DIR`` = a fresh empty folder, so every CRC32C the daemon needs
   is recomputed by reading local files (from the page cache: it cannot be dropped here).
 
-Downloads: on S3 one more run per row goes through a recording proxy (tests/servers/
-seaweedfs.py ``S3Proxy``) and every request is classified (data GET, manifest GET, list,
-other); that run is not timed (the proxy adds about 45 ms per request). On ``file://`` an
-inotify watch on the destination folder counts every open of a data file in every run.
+Downloads: on S3, GCS and Azure one more run per row goes through a recording proxy and
+every request is classified (data GET, manifest GET, list, other); that run is not timed
+(the proxy adds about 45 ms per request). The proxies: tests/servers/seaweedfs.py
+``S3Proxy`` for S3 and, pointed at by ``destination.azure.account_url``, for Azurite;
+tests/servers/gcs.py ``gcs_proxy`` for GCS (``STORAGE_EMULATOR_HOST`` = the proxy). A data
+GET is a read of an object's bytes (S3 and Azure: ``GET`` on a blob or key, no ``comp``;
+GCS: ``alt=media``) outside ``.ckpt-sidecar/``. On ``file://`` an inotify watch on the
+destination folder counts every open of a data file in every run.
 
     .venv/bin/python -m bench.startup --runs 3 --backends file,s3
+    .venv/bin/python -m bench.startup --runs 3 --backends gcs,azure
 """
 
 from __future__ import annotations
@@ -30,27 +36,33 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from watchdog.events import FileOpenedEvent, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.inotify import InotifyObserver
 
 from bench._common import (
+    KINDS,
     Report,
+    Store,
     Target,
     build_committed,
     converged,
     md_table,
     new_target,
-    seaweedfs,
     start_daemon,
     stop_daemon,
+    store,
+    store_label,
     ts,
     wait_until,
 )
 from tests.e2e.harness import Event
+from tests.servers.azurite import ACCOUNT, Azurite
+from tests.servers.gcs import GcsServer, gcs_proxy
 from tests.servers.seaweedfs import S3Proxy, S3Server
 
 SHAPES = {"100 x 100 files": (100, 100), "1 x 10,000 files": (1, 10_000)}
@@ -71,17 +83,33 @@ class OpenCounter(FileSystemEventHandler):
             self.counts["manifest/meta" if rel.startswith(RESERVED) else "data"] += 1
 
 
-def classify(proxy: S3Proxy) -> Counter[str]:
+def classify(kind: str, requests: list[tuple[str, str]]) -> Counter[str]:
+    """Count ``(method, path?query)`` requests by what they touched: a data object's bytes
+    (``data GET``), a manifest or other file under ``.ckpt-sidecar/``, a listing, other."""
     out: Counter[str] = Counter()
-    for r in proxy.requests:
-        parts = urlsplit(r.path)
-        key = parts.path.lstrip("/").partition("/")[2]  # path-style: /bucket/key
-        if r.method == "GET" and not key:
-            out["list"] += 1
-        elif r.method == "GET":
-            out["manifest/meta GET" if RESERVED in key else "data GET"] += 1
+    for method, target in requests:
+        parts = urlsplit(target)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        path = unquote(parts.path)
+        if kind == "gcs":  # /storage/v1/b/<bucket>/o/<name>, or /download/storage/v1/...
+            key = path.split("/o/", 1)[1] if "/o/" in path else ""
+            reads = method == "GET" and query.get("alt") == ["media"]
+        elif kind == "azure":  # /<account>/<container>/<blob>, path-style
+            key = (path.lstrip("/").split("/", 2)[2:] or [""])[0]
+            reads = method == "GET" and "comp" not in query
+        else:  # S3, path-style: /<bucket>/<key>
+            key = path.lstrip("/").partition("/")[2]
+            reads = method == "GET"
+        meta = RESERVED in key
+        lists = method == "GET" and (
+            kind == "s3" or query.get("comp") == ["list"] or path.endswith("/o")
+        )
+        if not key:
+            out["list" if lists else f"{method} bucket"] += 1
+        elif reads:
+            out["manifest/meta GET" if meta else "data GET"] += 1
         else:
-            out[f"{r.method} {'meta' if RESERVED in key else 'data' if key else 'bucket'}"] += 1
+            out[f"{method} {'meta' if meta else 'data'}"] += 1
     return out
 
 
@@ -91,16 +119,29 @@ def measure(
     names: set[str],
     cold: bool,
     work: Path,
-    server: S3Server | None,
+    server: Store,
     proxied: bool = False,
 ) -> dict[str, Any]:
+    kind = {"gs": "gcs", "az": "azure"}.get(t.url.partition(":")[0], "s3")
     env = {"CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "1.0"}
     state = Path(tempfile.mkdtemp(prefix="state-", dir=work)) if cold else None
     if state is not None:
         env["CKPT_SIDECAR_STATE__DIR"] = str(state)
-    proxy = S3Proxy(server.endpoint_url) if server is not None and proxied else None
-    if proxy is not None:
-        env["AWS_ENDPOINT_URL_S3"] = proxy.endpoint_url
+    stack = contextlib.ExitStack()
+    seen: Callable[[], list[tuple[str, str]]] | None = None
+    if proxied and isinstance(server, S3Server | Azurite):
+        upstream = server.endpoint_url if isinstance(server, S3Server) else server.account_url
+        proxy = S3Proxy(upstream)
+        stack.callback(proxy.close)
+        if isinstance(server, S3Server):
+            env["AWS_ENDPOINT_URL_S3"] = proxy.endpoint_url
+        else:
+            env["CKPT_SIDECAR_DESTINATION__AZURE__ACCOUNT_URL"] = f"{proxy.endpoint_url}/{ACCOUNT}"
+        seen = lambda p=proxy: [(r.method, r.path) for r in p.requests]  # noqa: E731
+    elif proxied and isinstance(server, GcsServer):
+        gproxy = stack.enter_context(gcs_proxy(server))
+        env["STORAGE_EMULATOR_HOST"] = gproxy.url
+        seen = lambda p=gproxy: [(m, path) for m, path, _ in p.log]  # noqa: E731
     counter, observer = None, None
     if t.local is not None:
         counter = OpenCounter(t.local)
@@ -122,8 +163,8 @@ def measure(
             if e.get("event") in ("checkpoint.already_committed", "checkpoint.superseded")
         )
         counts: Counter[str] = Counter()
-        if proxy is not None:
-            counts = classify(proxy)
+        if seen is not None:
+            counts = classify(kind, seen())
         if counter is not None:
             counts = counter.counts
         kinds = Counter(str(e.get("event")) for e in events)
@@ -141,8 +182,7 @@ def measure(
             observer.stop()
             with contextlib.suppress(RuntimeError):
                 observer.join(5)
-        if proxy is not None:
-            proxy.close()
+        stack.close()
         if state is not None:
             shutil.rmtree(state, ignore_errors=True)
 
@@ -150,13 +190,14 @@ def measure(
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--backends", default="file,s3")
+    p.add_argument("--backends", default="file,s3", help="of file, s3, gcs, azure")
     a = p.parse_args()
     report = Report("startup")
     work = Path(tempfile.mkdtemp(prefix="bench-startup-", dir="/tmp"))
     try:
         for backend in a.backends.split(","):
-            with seaweedfs() if backend == "s3" else contextlib.nullcontext() as server:
+            with store(backend) as server:
+                where = store_label(backend, server)
                 for shape, (n, each) in SHAPES.items():
                     t = new_target(backend, work, server, "start")
                     watch = work / f"watch-{backend}-{n}"
@@ -168,6 +209,7 @@ def main() -> None:
                             r = measure(watch, t, names, cache == "cold", work, server, proxied)
                             row = {
                                 "destination": backend,
+                                "store": where,
                                 "committed": shape,
                                 "state_cache": cache,
                                 "run": "proxied, for request counts" if proxied else run + 1,
@@ -178,7 +220,7 @@ def main() -> None:
                     shutil.rmtree(watch, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report.finish(table(report.rows))
+    report.finish(table(report.rows), merge_on=("destination", "committed", "state_cache"))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -202,7 +244,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ok = conv < TARGET_S and downloads == 0 and again == 0
         out.append(
             [
-                "file://" if dest == "file" else "S3 (SeaweedFS)",
+                rs[0].get("store") or KINDS[dest],
                 shape,
                 cache,
                 f"{statistics.median(r['to_ready_s'] for r in rs):.2f}",
