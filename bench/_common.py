@@ -14,7 +14,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,9 +36,10 @@ from sidecar.storage.base import Backend
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.registry import open_backend
 from tests.e2e.harness import Daemon, Event
-from tests.servers.azurite import KEY, Azurite, azurite_binary
+from tests.servers.azurite import KEY, Azurite, start_azurite
 from tests.servers.gcs import GcsServer, start_gcp_storage_emulator
 from tests.servers.gcs import stop as stop_gcs
+from tests.servers.ports import answers, free_port
 from tests.servers.seaweedfs import S3Server, new_bucket, start_seaweedfs, stop_seaweedfs
 
 KiB = 1024
@@ -264,27 +264,9 @@ KINDS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _answers(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True  # 400/403 for an unsigned request: the server is up
-    except OSError:
-        return False
-
-
 def _wait_answers(url: str, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
     deadline = time.monotonic() + 60
-    while not _answers(url):
+    while not answers(url, timeout=2):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{what} did not answer on {url} (exit {proc.poll()}): {tail}")
@@ -322,33 +304,6 @@ def start_fake_gcs_on_disk(data: Path) -> GcsServer:
 
 
 @contextlib.contextmanager
-def azurite_on_disk(data: Path) -> Iterator[Azurite]:
-    """``azurite-blob`` persisting to ``data`` (``--location``: blocks go to extent files on
-    disk; tests/servers/azurite.py keeps everything in memory, capped at 2 GiB)."""
-    port = free_port()
-    log = data / "azurite.log"
-    cmd = [
-        azurite_binary(),
-        "--blobHost", "127.0.0.1", "--blobPort", str(port),
-        "--location", str(data / "azurite"),
-        "--skipApiVersionCheck", "--disableTelemetry", "--silent",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=data, stdout=out, stderr=subprocess.STDOUT)
-    server = Azurite(port, proc.pid)
-    try:
-        _wait_answers(f"{server.account_url}?comp=list", proc, log, "Azurite")
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
 def store(kind: str, gcs_emulator: str = "fake-gcs-server") -> Iterator[Store]:
     """The server a destination kind needs, in its own temp folder, stopped and removed at
     the end: none (``file``), SeaweedFS (``s3``), a GCS emulator (``gcs``: ``gcs_emulator``,
@@ -366,7 +321,7 @@ def store(kind: str, gcs_emulator: str = "fake-gcs-server") -> Iterator[Store]:
     data = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     try:
         if kind == "azure":
-            with azurite_on_disk(data) as az:
+            with start_azurite(data, on_disk=True) as az:  # blobs on disk, not in RAM
                 yield az
             return
         if gcs_emulator not in GCS_EMULATORS:

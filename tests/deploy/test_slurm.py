@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.tools import DEPLOY, run, tool
+from tests.servers.ports import free_port
 
 SCRIPT = DEPLOY / "slurm" / "train-with-ckpt-sidecar.sbatch"
 
@@ -76,12 +76,6 @@ def _group(pgid: int) -> list[int]:
     return members
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_shellcheck_is_clean() -> None:
     proc = run([tool("shellcheck"), "--severity=style", str(SCRIPT)])
     assert proc.returncode == 0, proc.stdout
@@ -124,7 +118,7 @@ class _Job:
             PYTHON=sys.executable,
             TRAIN_SCRIPT=str(trainer),
             CKPT_SIDECAR_PREEMPTION__SOURCE="none",
-            CKPT_SIDECAR_ADMIN__PORT=str(_free_port()),
+            CKPT_SIDECAR_ADMIN__PORT=str(free_port()),
             CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS="30",
         )
         base.update(env)

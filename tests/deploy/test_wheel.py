@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.tools import ROOT, dockerfile_constraints, normalise, run
+from tests.servers.ports import free_port
 
 pytestmark = pytest.mark.wheel
 
@@ -34,12 +34,6 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -134,7 +128,7 @@ def test_daemon_commits_a_checkpoint_and_exits_0_on_sigterm(
         stdout=log,
         stderr=subprocess.STDOUT,
         env=_clean_env(
-            CKPT_SIDECAR_ADMIN__PORT=str(_free_port()),
+            CKPT_SIDECAR_ADMIN__PORT=str(free_port()),
             CKPT_SIDECAR_PREEMPTION__SOURCE="none",
             CKPT_SIDECAR_LOG__FORMAT="json",
         ),

