@@ -1,4 +1,5 @@
-"""A backend-wide bound on upload buffers (S3 parts, Azure blocks) held in memory at once.
+"""A backend-wide bound on upload buffers (S3 parts, Azure blocks, GCS XML parts) held in
+memory at once.
 
 Contract: a backend creates one :class:`Budget` of ``slots`` and shares it between every
 upload it runs, whatever thread each runs on. An upload calls :meth:`Budget.acquire`
