@@ -27,6 +27,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from sidecar.storage.base import PermanentError
+from sidecar.storage.http_env import ca_bundle, read_env_once
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.url import DestinationUrl
 
@@ -71,7 +72,8 @@ def customer_key(opts: AzureOptions) -> CustomerProvidedEncryptionKey | None:
 
 
 def _transport(pool_size: int) -> RequestsTransport:
-    """A requests session whose pool holds every block in flight (the default keeps 10)."""
+    """A requests session whose pool holds every block in flight (the default keeps 10);
+    it reads the environment's proxy and CA-bundle settings once (:mod:`.http_env`)."""
     session = requests.Session()
     adapter = HTTPAdapter(
         pool_connections=4,
@@ -80,7 +82,10 @@ def _transport(pool_size: int) -> RequestsTransport:
     )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    return RequestsTransport(session=session, session_owner=True)
+    # azure-core passes ``verify`` with every request, which overrides the session's
+    return RequestsTransport(
+        session=session, session_owner=True, connection_verify=ca_bundle() or True
+    )
 
 
 def _default_credential() -> Any:
@@ -100,8 +105,9 @@ def build_container_client(
     url: DestinationUrl, opts: AzureOptions, env: Mapping[str, str] = os.environ
 ) -> AzureTarget:
     """The container client for ``url``; raises :class:`PermanentError` naming the fix."""
+    transport = _transport(max(16, 4 * opts.max_concurrency))
     kwargs: dict[str, Any] = {
-        "transport": _transport(max(16, 4 * opts.max_concurrency)),
+        "transport": transport,
         "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3),
         "connection_timeout": 20,
         "read_timeout": 120,
@@ -129,6 +135,7 @@ def build_container_client(
                 f"the Azure connection string is for account {service.account_name!r} but the "
                 f"destination names {account!r}; use the matching connection string"
             )
+        read_env_once(transport.session, service.url)
         return AzureTarget(str(service.account_name), service.get_container_client(url.bucket))
     if not account and not opts.account_url:
         raise PermanentError(
@@ -153,4 +160,5 @@ def build_container_client(
     else:
         credential = _default_credential()
     service = BlobServiceClient(account_url, credential=credential, **kwargs)
+    read_env_once(transport.session, service.url)
     return AzureTarget(account, service.get_container_client(url.bucket))

@@ -17,6 +17,7 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 
 from sidecar.storage.base import PermanentError
+from sidecar.storage.http_env import read_env_once
 from sidecar.storage.options import GcsOptions
 
 __all__ = ["POOL", "SCOPE", "connect"]
@@ -64,6 +65,7 @@ def connect(
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL)
     http.mount("https://", adapter)
     http.mount("http://", adapter)
+    read_env_once(http, endpoint or "https://storage.googleapis.com")
     client = storage.Client(
         project=project,
         credentials=creds,
