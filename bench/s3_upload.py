@@ -48,6 +48,13 @@ FILE_CONCURRENCY = 4  # files at once, the daemon's default upload.concurrency
 # ---------------------------------------------------------------- child side: one upload
 
 
+def _setup_done() -> None:
+    """Tell the parent the CPU this child spent before its first byte (interpreter start,
+    imports, client set-up): the parent reports the CPU per GB with and without it."""
+    t = os.times()
+    print(f"setup_cpu {t.user + t.system:.3f}", flush=True)
+
+
 def _files_of(src: Path) -> list[tuple[Path, str]]:
     if src.is_file():
         return [(src, src.name)]
@@ -62,6 +69,7 @@ def child_ours(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
 
     opts = S3Options(part_size_bytes=part_mib * MiB, multipart_threshold_bytes=part_mib * MiB)
     backend = S3Backend(bucket, prefix, opts)
+    _setup_done()
     with ThreadPoolExecutor(FILE_CONCURRENCY) as pool:
         list(pool.map(lambda f: backend.put_file(f[1], f[0]), _files_of(src)))
     backend.close()
@@ -90,6 +98,7 @@ def child_crt(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
         session, {"region_name": region, "endpoint_url": endpoint}
     )
     with CRTTransferManager(client, serializer) as manager:
+        _setup_done()
         futures = [
             manager.upload(str(path), bucket, f"{prefix}/{key}", {"ChecksumAlgorithm": "CRC32C"})
             for path, key in _files_of(src)
@@ -104,6 +113,7 @@ def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
 
     client = boto3.client("s3")
     cfg = TransferConfig(multipart_chunksize=part_mib * MiB, multipart_threshold=part_mib * MiB)
+    _setup_done()
 
     def put(f: tuple[Path, str]) -> None:
         client.upload_file(
@@ -136,6 +146,7 @@ class Run:
     cpu: float
     rss_mb: float
     nbytes: int
+    setup_cpu: float | None = None  # CPU before the first byte (Python children only)
 
 
 def _s5cmd() -> str | None:
@@ -196,34 +207,42 @@ def _tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """(wall seconds, user+sys CPU seconds, peak RSS MB) of one child process and its
-    children. CPU comes from ``wait4``; RSS is sampled every 20 ms over the process tree
-    (``ru_maxrss`` would include this parent's memory, inherited across fork)."""
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    watched = psutil.Process(proc.pid)
-    peak = 0
-    stop = threading.Event()
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, float | None]:
+    """(wall seconds, user+sys CPU seconds, peak RSS MB, CPU before the first byte or None)
+    of one child process and its children. CPU comes from ``wait4``; RSS is sampled every
+    20 ms over the process tree (``ru_maxrss`` would include this parent's memory,
+    inherited across fork); our Python children print their set-up CPU on stdout."""
+    # stdout to a file, not a pipe: a chatty tool must not block on it
+    with tempfile.TemporaryFile() as out_file:
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, env=env, stdout=out_file, stderr=subprocess.PIPE)
+        watched = psutil.Process(proc.pid)
+        peak = 0
+        stop = threading.Event()
 
-    def sample() -> None:
-        nonlocal peak
-        while not stop.is_set():
-            with contextlib.suppress(psutil.Error):
-                peak = max(peak, _tree_rss(watched))
-            stop.wait(0.02)
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, _tree_rss(watched))
+                stop.wait(0.02)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - start
-    stop.set()
-    sampler.join()
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - start
+        stop.set()
+        sampler.join()
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        out_file.seek(0)
+        out = out_file.read().decode(errors="replace")
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, peak / 1e6
+    setup = next(
+        (float(x.split()[1]) for x in out.splitlines() if x.startswith("setup_cpu ")), None
+    )
+    return wall, usage.ru_utime + usage.ru_stime, peak / 1e6, setup
 
 
 def make_data(root: Path, file_mib: int, files: int) -> dict[str, Path]:
@@ -302,14 +321,15 @@ def main() -> int:
                         missing.append(tool)
                         client.delete_bucket(Bucket=bucket)
                         continue
-                    wall, cpu, rss = measure(cmd, env)
+                    wall, cpu, rss, setup = measure(cmd, env)
                     stored = empty_and_delete(client, bucket)
                     if stored != nbytes:
                         raise RuntimeError(f"{tool} stored {stored} bytes of {nbytes}")
-                    runs.append(Run(tool, label, wall, cpu, rss, nbytes))
+                    runs.append(Run(tool, label, wall, cpu, rss, nbytes, setup))
                     print(
                         f"{label} run {run + 1} {tool}: {nbytes / wall / 1e6:.0f} MB/s, "
-                        f"{cpu / (nbytes / 1e9):.2f} CPU-s/GB, {rss:.0f} MB",
+                        f"{cpu / (nbytes / 1e9):.2f} CPU-s/GB, {rss:.0f} MB"
+                        + (f", start-up {setup:.2f} CPU-s" if setup is not None else ""),
                         file=sys.stderr,
                         flush=True,
                     )
@@ -326,10 +346,12 @@ def main() -> int:
 def table(runs: list[Run], args: argparse.Namespace) -> str:
     lines = [
         f"runs: {args.runs}, part size {args.part_mib} MiB, {FILE_CONCURRENCY} files at once "
-        "for ours/boto3",
+        "for ours/boto3; start-up = the child's CPU before its first byte (interpreter, "
+        "imports, client), known for the Python children only",
         "",
-        "| data | tool | MB/s (median) | CPU-s/GB (median) | peak RSS MB (max) |",
-        "|---|---|---:|---:|---:|",
+        "| data | tool | MB/s (median) | CPU-s/GB (median) | start-up CPU-s (median) "
+        "| CPU-s/GB after start-up (median) | peak RSS MB (max) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     keys = dict.fromkeys((r.data, r.tool) for r in runs)
     for data, tool in keys:
@@ -337,7 +359,15 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
         mbps = statistics.median(r.nbytes / r.seconds / 1e6 for r in mine)
         cpu = statistics.median(r.cpu / (r.nbytes / 1e9) for r in mine)
         rss = max(r.rss_mb for r in mine)
-        lines.append(f"| {data} | {tool} | {mbps:.0f} | {cpu:.2f} | {rss:.0f} |")
+        setups = [r.setup_cpu for r in mine if r.setup_cpu is not None]
+        setup = after = "n/a"
+        if len(setups) == len(mine):
+            setup = f"{statistics.median(setups):.2f}"
+            steady = [(r.cpu - (r.setup_cpu or 0.0)) / (r.nbytes / 1e9) for r in mine]
+            after = f"{statistics.median(steady):.2f}"
+        lines.append(
+            f"| {data} | {tool} | {mbps:.0f} | {cpu:.2f} | {setup} | {after} | {rss:.0f} |"
+        )
     return "\n".join(lines)
 
 
