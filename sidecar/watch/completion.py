@@ -241,6 +241,9 @@ class CompletionTracker:
         return ready
 
     def _decide(self, key: str, e: _Entry, snap: Snapshot, now: float) -> CheckpointReady | None:
+        if snap == e.emitted:  # handed off as it is now: nothing to judge again
+            e.dirty = False
+            return None
         stable = now - e.since >= self.settle
         if not snap or self.writers(key) > 0:
             return None
@@ -272,8 +275,6 @@ class CompletionTracker:
             if not ((not self.poll_mode and e.fast) or stable or overdue):
                 return None
         e.dirty = False
-        if snap == e.emitted:
-            return None
         e.emitted, e.emitted_at, e.fast = snap, now, False
         return self._ready(key, e.kind, is_dir, snap, now)
 

@@ -20,6 +20,7 @@ Snapshot = Mapping[str, FileState]
 Rule = Callable[[str, bool, Snapshot, Path], bool]
 
 _TEMP_GLOBS = ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "*~", "#*#", ".#*", "*.swp", "*.swx")
+_TEMP_NAME = re.compile("|".join(fnmatch.translate(g) for g in _TEMP_GLOBS))  # one match, not 9
 _PLAIN_FILES = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npz", "*.pkl")
 _PLAIN_DIRS = ("step*", "checkpoint*", "ckpt*", "epoch*", "global_step*")
 _LAST_INT = re.compile(r"(\d+)(?!.*\d)", re.DOTALL)
@@ -27,7 +28,7 @@ _LAST_INT = re.compile(r"(\d+)(?!.*\d)", re.DOTALL)
 
 def is_temporary(name: str) -> bool:
     """True for names a writer uses while a file is incomplete (never uploaded as themselves)."""
-    return any(fnmatch.fnmatchcase(name, g) for g in _TEMP_GLOBS)
+    return _TEMP_NAME.match(name) is not None
 
 
 MAX_NAME_BYTES = 200  # leaves room for "@g<N>" and ".json" within a 255-byte file name
