@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 import psutil
 
+from bench._child import parse_setup_cpu
 from sidecar.config import DestinationConfig
 from sidecar.storage.base import Backend
 from sidecar.storage.options import AzureOptions
@@ -534,19 +535,22 @@ class RssSampler:
 
 def measure_child(
     cmd: list[str], env: dict[str, str], server_pid: int, timeout: float, cwd: Path | None = None
-) -> tuple[float, float, float, float] | str:
+) -> tuple[float, float, float, float, float | None] | str:
     """Run one upload tool as a child in its own session and measure it: (wall s, CPU s of
     the child and its reaped children from ``wait4``, CPU s of the server ``server_pid`` over
     the run, peak RSS MiB of the child's process tree, sampled: ``ru_maxrss`` would include
-    the parent's, inherited at fork). On a non-zero exit or after ``timeout`` seconds (the
-    session is killed) the stderr tail is returned instead, as text."""
+    the parent's, inherited at fork; the child's CPU s before its first byte, from the
+    ``setup_cpu`` line ``setup_done()`` prints, or None when it printed none). The child's
+    stdout goes to a temp file, not a pipe, so a chatty tool cannot block on it. On a
+    non-zero exit or after ``timeout`` seconds (the session is killed) the stderr tail is
+    returned instead, as text."""
     srv = psutil.Process(server_pid)
     before = sum(srv.cpu_times()[:2])
-    with tempfile.TemporaryFile() as err_file:
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         start = time.perf_counter()
         proc = subprocess.Popen(
             cmd,
-            stdout=subprocess.DEVNULL,
+            stdout=out_file,
             stderr=err_file,
             env=env,
             cwd=cwd,
@@ -564,11 +568,14 @@ def measure_child(
         proc.returncode = os.waitstatus_to_exitcode(status)
         err_file.seek(0)
         err = err_file.read().decode(errors="replace").strip()
+        out_file.seek(0)
+        out = out_file.read().decode(errors="replace")
     if status != 0:
         why = "timed out" if seconds >= timeout else f"exit {proc.returncode}"
         return f"{why}: {' | '.join(err[-600:].splitlines())}"
     after = sum(srv.cpu_times()[:2])
-    return seconds, usage.ru_utime + usage.ru_stime, after - before, peak / MiB
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, cpu, after - before, peak / MiB, parse_setup_cpu(out)
 
 
 def run_quiet(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:

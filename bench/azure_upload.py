@@ -8,7 +8,10 @@ memory) is started and one file of random bytes is uploaded by a child process (
 session, killed with its children after ``--timeout`` seconds), so interpreter start-up
 and imports count for every tool alike. Client CPU is the child's user + system time from
 ``wait4`` (reaped children included), its peak RSS is sampled over its process tree,
-Azurite's CPU comes from psutil. After each run the blob's size is read back: a run that
+Azurite's CPU comes from psutil. The Python children (``ours``, ``library``) print their CPU
+before the first byte (interpreter start, imports, client set-up; ``setup_done()`` in
+bench/_child.py), and the table shows the client CPU per GB with and without it ("n/a"
+for rclone). After each run the blob's size is read back: a run that
 does not leave every byte in the blob counts as failed and is listed under the table,
 never measured. Medians over runs; RSS is the largest. Needs ``npm ci`` (Azurite).
 
@@ -58,7 +61,10 @@ def _make_file(path: Path, size: int) -> None:
 def child(
     tool: str, account_url: str, container: str, src: Path, block_mib: int, concurrency: int
 ) -> None:
-    """One upload, in this (child) process."""
+    """One upload, in this (child) process; ``setup_done()`` prints its CPU so far once the
+    client is built, before the first byte is read."""
+    from bench._child import setup_done
+
     key = os.environ[KEY_ENV]
     if tool == "ours":
         from pydantic import SecretStr
@@ -78,6 +84,7 @@ def child(
             ),
         )
         backend = create(parse_destination(dest.url), dest)
+        setup_done()
         backend.put_file(NAME, src)
         backend.close()
     elif tool == "library":
@@ -95,9 +102,11 @@ def child(
             ) as blob,
             open(src, "rb") as f,
         ):
+            length = src.stat().st_size
+            setup_done()
             blob.upload_blob(
                 f,
-                length=src.stat().st_size,
+                length=length,
                 max_concurrency=concurrency,
                 validate_content=True,
                 overwrite=True,
@@ -134,6 +143,13 @@ class Result:
     cpu: float
     server_cpu: float
     rss_mib: float
+    setup_cpu: float | None  # CPU before the first byte (our Python children only)
+
+
+def _median_or_na(values: list[float | None]) -> str:
+    """The median to 2 decimals, or "n/a" unless every run has a value."""
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.2f}" if known and len(known) == len(values) else "n/a"
 
 
 def main() -> None:
@@ -207,17 +223,23 @@ def main() -> None:
     print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
     print(f"file: {args.size_mib} MiB random bytes; fresh Azurite per run; median of runs")
-    print("| tool | block | concurrency | runs | MB/s | client CPU s/GB | Azurite CPU s/GB |"
+    print("client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
+          " client set-up), printed by the Python children only (n/a for rclone)")  # fmt: skip
+    print("| tool | block | concurrency | runs | MB/s | client CPU s/GB |"
+          " client start-up CPU s | client CPU s/GB after start-up | Azurite CPU s/GB |"
           " client RSS MiB | wall s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     gb = size / 1e9
     for (tool, block_mib, concurrency), rs in sorted(
         groups.items(), key=lambda kv: (kv[0][1], kv[0][2], TOOLS.index(kv[0][0]))
     ):
         secs = statistics.median(r.seconds for r in rs)
+        steady = [None if r.setup_cpu is None else (r.cpu - r.setup_cpu) / gb for r in rs]
         print(
             f"| {tool} | {block_mib} MiB | {concurrency} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{statistics.median(r.cpu for r in rs) / gb:.2f} | "
+            f"{_median_or_na([r.setup_cpu for r in rs])} | "
+            f"{_median_or_na(steady)} | "
             f"{statistics.median(r.server_cpu for r in rs) / gb:.2f} | "
             f"{max(r.rss_mib for r in rs):.0f} | {secs:.1f} |"
         )

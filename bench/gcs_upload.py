@@ -11,8 +11,11 @@ after it: both keep all bytes in memory (fake-gcs-server grew past 12 GB during 
 killed with its children after ``--timeout`` seconds); its CPU (user + sys, reaped
 children included) comes from ``wait4``, its peak RSS from sampling the child's process
 tree (``ru_maxrss`` would include the parent's, inherited at fork), the emulator's CPU
-from psutil. After each run the object's size is read back from the emulator: a run that
-exits 0 without storing every byte counts as failed. Failed runs are listed under the
+from psutil. The Python children (``ours``, ``library``) print their CPU before the first
+byte (interpreter start, imports, client set-up; ``setup_done()`` in bench/_child.py), and
+the table shows the client CPU per GB with and without it ("n/a" for the other tools).
+After each run the object's size is read back from the emulator: a run that exits 0
+without storing every byte counts as failed. Failed runs are listed under the
 table with the tail of their error, never measured.
 MB/s = 10^6 bytes per wall second; CPU s/GB = CPU seconds per 10^9 bytes.
 
@@ -67,7 +70,10 @@ UNSUPPORTED = {
 
 
 def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
-    """One upload, in this (child) process."""
+    """One upload, in this (child) process; ``setup_done()`` prints its CPU so far once the
+    client is built, before the first byte is read."""
+    from bench._child import setup_done
+
     if tool == "ours":
         from sidecar.storage.gcs import GcsBackend
         from sidecar.storage.options import GcsOptions
@@ -78,6 +84,7 @@ def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
             GcsOptions(chunk_size_bytes=chunk_mib * MiB or None),
             emulator_host=host,
         )
+        setup_done()
         backend.put_file(src.name, src)
         backend.close()
     elif tool == "library":
@@ -90,6 +97,7 @@ def child(tool: str, host: str, bucket: str, src: Path, chunk_mib: int) -> None:
             client_options={"api_endpoint": host},
         )
         blob = client.bucket(bucket).blob(f"bench/{src.name}", chunk_size=chunk_mib * MiB or None)
+        setup_done()
         blob.upload_from_filename(str(src), checksum="crc32c")
     else:
         raise SystemExit(f"unknown tool {tool}")
@@ -155,6 +163,13 @@ class Result:
     cpu: float
     server_cpu: float
     rss_mib: float
+    setup_cpu: float | None  # CPU before the first byte (our Python children only)
+
+
+def _median_or_na(values: list[float | None]) -> str:
+    """The median to 2 decimals, or "n/a" unless every run has a value."""
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.2f}" if known and len(known) == len(values) else "n/a"
 
 
 def main() -> None:
@@ -226,7 +241,7 @@ def main() -> None:
                     outcome = f"exit 0 but {got} of {size} bytes stored"
                     failures.append(f"{label}: {outcome}")
                 else:
-                    results.append(Result(name, tool, chunk, m[0], m[1], m[2], m[3]))
+                    results.append(Result(name, tool, chunk, *m))
                     outcome = str(results[-1])
                 print(f"# {label}: {outcome}", file=sys.stderr, flush=True)
             finally:
@@ -242,18 +257,23 @@ def main() -> None:
     print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
     print(f"file: {size / MiB:.0f} MiB, runs: {args.runs} (median)")
-    print("| server | tool | chunk | runs | MB/s | client CPU s/GB | emulator CPU s/GB |"
-          " client RSS MiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
+          " client set-up), printed by the Python children only (n/a for the others)")  # fmt: skip
+    print("| server | tool | chunk | runs | MB/s | client CPU s/GB | client start-up CPU s |"
+          " client CPU s/GB after start-up | emulator CPU s/GB | client RSS MiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (server_name, tool, chunk), rs in groups.items():
         secs = statistics.median(r.seconds for r in rs)
         cpu = statistics.median(r.cpu for r in rs)
         scpu = statistics.median(r.server_cpu for r in rs)
         rss = max(r.rss_mib for r in rs)
+        gb = size / 1e9
+        steady = [None if r.setup_cpu is None else (r.cpu - r.setup_cpu) / gb for r in rs]
         label = f"{chunk} MiB" if chunk else "default"
         print(
             f"| {server_name} | {tool} | {label} | {len(rs)} | {size / 1e6 / secs:.0f} | "
-            f"{cpu / (size / 1e9):.2f} | {scpu / (size / 1e9):.2f} | {rss:.0f} |"
+            f"{cpu / gb:.2f} | {_median_or_na([r.setup_cpu for r in rs])} | "
+            f"{_median_or_na(steady)} | {scpu / gb:.2f} | {rss:.0f} |"
         )
     for line in failures:
         print(f"* not measured: {line}")

@@ -40,19 +40,14 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._child import setup_done  # noqa: E402
+
 MiB = 1024 * 1024
 ALL_TOOLS = ("ours", "crt", "boto3", "awscli", "s5cmd", "rclone")
 FILE_CONCURRENCY = 4  # files at once, the daemon's default upload.concurrency
 
 
 # ---------------------------------------------------------------- child side: one upload
-
-
-def _setup_done() -> None:
-    """Tell the parent the CPU this child spent before its first byte (interpreter start,
-    imports, client set-up): the parent reports the CPU per GB with and without it."""
-    t = os.times()
-    print(f"setup_cpu {t.user + t.system:.3f}", flush=True)
 
 
 def _files_of(src: Path) -> list[tuple[Path, str]]:
@@ -69,7 +64,7 @@ def child_ours(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
 
     opts = S3Options(part_size_bytes=part_mib * MiB, multipart_threshold_bytes=part_mib * MiB)
     backend = S3Backend(bucket, prefix, opts)
-    _setup_done()
+    setup_done()
     with ThreadPoolExecutor(FILE_CONCURRENCY) as pool:
         list(pool.map(lambda f: backend.put_file(f[1], f[0]), _files_of(src)))
     backend.close()
@@ -98,7 +93,7 @@ def child_crt(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
         session, {"region_name": region, "endpoint_url": endpoint}
     )
     with CRTTransferManager(client, serializer) as manager:
-        _setup_done()
+        setup_done()
         futures = [
             manager.upload(str(path), bucket, f"{prefix}/{key}", {"ChecksumAlgorithm": "CRC32C"})
             for path, key in _files_of(src)
@@ -113,7 +108,7 @@ def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
 
     client = boto3.client("s3")
     cfg = TransferConfig(multipart_chunksize=part_mib * MiB, multipart_threshold=part_mib * MiB)
-    _setup_done()
+    setup_done()
 
     def put(f: tuple[Path, str]) -> None:
         client.upload_file(
