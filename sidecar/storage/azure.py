@@ -134,23 +134,23 @@ class AzureBackend(Backend):
         return ObjectInfo(key=key, size=int(props.size), crc32c=crc, mtime=mtime)
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
-        blob = self._blob(key)
-
-        def stage(block_id: str, data: bytes, crc64: bytes) -> None:
-            with self._errors("upload", key):
-                blob.stage_block(
-                    block_id,
-                    data,
-                    length=len(data),
-                    transactional_content_crc64=crc64,
-                    cpk=self._cpk,
-                    encryption_scope=self._scope,
-                )
-
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size <= min(SINGLE_PUT_MAX, self._opts.block_size_bytes):
-                return self._put_single(key, blob, f, size, progress)
+                return self._put_single(key, f, size, progress)
+            blob = self._blob(key)
+
+            def stage(block_id: str, data: bytes, crc64: bytes) -> None:
+                with self._errors("upload", key):
+                    blob.stage_block(
+                        block_id,
+                        data,
+                        length=len(data),
+                        transactional_content_crc64=crc64,
+                        cpk=self._cpk,
+                        encryption_scope=self._scope,
+                    )
+
             staged = stage_file(
                 f,
                 stage,
@@ -172,34 +172,28 @@ class AzureBackend(Backend):
         return ObjectInfo(key=key, size=staged.size, crc32c=crc, mtime=_mtime(done))
 
     def _put_single(
-        self, key: str, blob: BlobClient, f: BinaryIO, size: int, progress: Progress | None
+        self, key: str, f: BinaryIO, size: int, progress: Progress | None
     ) -> ObjectInfo:
-        """One Put Blob of the file's ``size`` bytes, holding a budget slot while they are in
-        memory; ``progress`` is told before the request, so a Cancelled leaves nothing."""
+        """One Put Blob of the file's ``size`` bytes, holding a budget
+        slot while they are in memory; ``progress`` is told before the request, so a
+        Cancelled leaves nothing."""
         self._budget.acquire()
         try:
             data = self._reader.submit(f.read, size).result()
             if progress is not None and data:
                 progress(len(data))
-            crc = crc32c_of_bytes(data)
-            with self._errors("upload", key):
-                done: dict[str, Any] = blob.upload_blob(
-                    data,
-                    length=len(data),
-                    overwrite=True,
-                    validate_content=True,  # Content-MD5, checked by the service
-                    metadata={CRC_METADATA: crc},
-                    standard_blob_tier=self._tier,
-                    cpk=self._cpk,
-                    encryption_scope=self._scope,
-                )
+            return self._put_blob(key, data, create_only=False, op="upload")
         finally:
             self._budget.release()
-        return ObjectInfo(key=key, size=len(data), crc32c=crc, mtime=_mtime(done))
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> ObjectInfo:
+        op = "create-only write" if create_only else "write"
+        return self._put_blob(key, data, create_only=create_only, op=op)
+
+    def _put_blob(self, key: str, data: bytes, *, create_only: bool, op: str) -> ObjectInfo:
+        """Put Blob with a Content-MD5 and the CRC32C in metadata; errors name ``op``."""
         crc = crc32c_of_bytes(data)
-        with self._errors("create-only write" if create_only else "write", key):
+        with self._errors(op, key):
             done: dict[str, Any] = self._blob(key).upload_blob(
                 data,
                 overwrite=not create_only,
