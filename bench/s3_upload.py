@@ -5,10 +5,11 @@
 
 Data: one large file of random bytes and a checkpoint folder of ``--files`` files of
 1-64 MiB (sizes from a fixed seed). Every (tool, data set, run) uploads into a fresh
-bucket, which is deleted afterwards. Each tool runs as a child process; its CPU
-(user + sys, children included) and peak RSS come from ``wait4``. The table shows the
-median MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 bytes) and
-the largest peak RSS. Tools that are not installed are reported, not skipped silently.
+bucket, which is deleted afterwards. Each tool runs as a child process
+(``bench._common.measure_child``): its CPU (user + sys, children included) comes from
+``wait4``, its peak RSS is sampled over its process tree. The table shows the median
+MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 bytes) and the
+largest peak RSS. Tools that are not installed are reported, not skipped silently.
 
 Tools: ``ours`` = sidecar.storage.s3.S3Backend (hand-rolled multipart over botocore,
 CRC32C via awscrt, 4 files at once like the daemon's default); ``crt`` =
@@ -19,23 +20,17 @@ s3transfer's CRT transfer manager (awscrt) with CRC32C; ``boto3`` = boto3 upload
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -194,52 +189,6 @@ def command(
     raise ValueError(tool)
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, float | None]:
-    """(wall seconds, user+sys CPU seconds, peak RSS MB, CPU before the first byte or None)
-    of one child process and its children. CPU comes from ``wait4``; RSS is sampled every
-    20 ms over the process tree (``ru_maxrss`` would include this parent's memory,
-    inherited across fork); our Python children print their set-up CPU on stdout."""
-    # stdout to a file, not a pipe: a chatty tool must not block on it
-    with tempfile.TemporaryFile() as out_file:
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=out_file, stderr=subprocess.PIPE)
-        watched = psutil.Process(proc.pid)
-        peak = 0
-        stop = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not stop.is_set():
-                with contextlib.suppress(psutil.Error):
-                    peak = max(peak, _tree_rss(watched))
-                stop.wait(0.02)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - start
-        stop.set()
-        sampler.join()
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        out_file.seek(0)
-        out = out_file.read().decode(errors="replace")
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err[-2000:]}")
-    setup = next(
-        (float(x.split()[1]) for x in out.splitlines() if x.startswith("setup_cpu ")), None
-    )
-    return wall, usage.ru_utime + usage.ru_stime, peak / 1e6, setup
-
-
 def make_data(root: Path, file_mib: int, files: int) -> dict[str, Path]:
     big = root / "big.bin"
     with open(big, "wb") as f:
@@ -283,6 +232,7 @@ def main() -> int:
         CHILDREN[tool](Path(src), bucket, prefix, int(part))
         return 0
 
+    from bench._common import measure_child
     from tests.servers.seaweedfs import new_bucket, start_seaweedfs, stop_seaweedfs
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on kill too
@@ -316,7 +266,11 @@ def main() -> int:
                         missing.append(tool)
                         client.delete_bucket(Bucket=bucket)
                         continue
-                    wall, cpu, rss, setup = measure(cmd, env)
+                    m = measure_child(cmd, env, server.process.pid, timeout=3600)
+                    if isinstance(m, str):
+                        raise RuntimeError(f"{tool} failed: {m}")
+                    wall, cpu, _, rss_mib, setup = m
+                    rss = rss_mib * MiB / 1e6
                     stored = empty_and_delete(client, bucket)
                     if stored != nbytes:
                         raise RuntimeError(f"{tool} stored {stored} bytes of {nbytes}")
