@@ -147,10 +147,14 @@ class CompletionTracker:
         elif kind in ("modified", "created"):
             e.fast = False
 
-    def moved(self, src: Path, dest: Path) -> None:
-        """A rename: open handles follow the file (later writes and the close use ``dest``)."""
+    def moved(self, src: Path, dest: Path | None) -> None:
+        """A rename: open handles follow the file (later writes and the close use ``dest``).
+        ``dest`` None: moved out of the root, whose events no longer reach us, so its handles
+        are forgotten (a new file at ``src`` does not inherit them)."""
         for path in [p for p in self._open if p == src or src in p.parents]:
             count = self._open.pop(path)
+            if dest is None:
+                continue
             new = dest / path.relative_to(src) if path != src else dest
             self._open[new] = self._open.get(new, 0) + count
 

@@ -109,7 +109,9 @@ class Watcher:
         from watchdog.observers.inotify import InotifyObserver
 
         self._root_id = self._identity()
-        obs = InotifyObserver()
+        # Full events: a file renamed in from outside the root is a move (complete, like a
+        # rename inside it), not a creation that must wait out settle_seconds.
+        obs = InotifyObserver(generate_full_events=True)
         obs.schedule(_Handler(self._events), str(self.root), recursive=True)
         obs.start()
         self._observer = obs
@@ -193,13 +195,17 @@ class Watcher:
             self._emit()
 
     def _feed(self, ev: FileSystemEvent) -> None:
-        if not ev.src_path:
-            return
         kind = ev.event_type
-        if kind == "moved":
-            self.tracker.moved(Path(str(ev.src_path)), Path(str(ev.dest_path)))
-            self.tracker.event(Path(str(ev.src_path)), "deleted", is_dir=ev.is_directory)
-            self.tracker.event(Path(str(ev.dest_path)), "moved_in", is_dir=ev.is_directory)
+        if kind == "moved":  # either side is "" when it is outside the root
+            src = Path(str(ev.src_path)) if ev.src_path else None
+            dest = Path(str(ev.dest_path)) if ev.dest_path else None
+            if src is not None:
+                self.tracker.moved(src, dest)
+                self.tracker.event(src, "deleted", is_dir=ev.is_directory)
+            if dest is not None:
+                self.tracker.event(dest, "moved_in", is_dir=ev.is_directory)
+            return
+        if not ev.src_path:
             return
         if kind == "attrib":
             return

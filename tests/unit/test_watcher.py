@@ -244,6 +244,40 @@ def test_root_replaced_in_place_is_seen_by_polling(tmp_path: Path, watchers: lis
     assert c.wait_name("b_2.pt").step == 2
 
 
+def test_file_renamed_in_from_outside_the_root_is_complete_at_once(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    # a rename is the trainer's "this file is whole", wherever it came from; with a settle
+    # time far beyond the wait, only the rename can make it ready
+    root, outside = tmp_path / "ckpts", tmp_path / "staging"
+    root.mkdir()
+    outside.mkdir()
+    w, c = start(root, "inotify", settle=3600.0)
+    watchers.append(w)
+    (outside / "model_3.pt").write_bytes(b"m" * 4096)
+    os.rename(outside / "model_3.pt", root / "model_3.pt")
+    assert c.wait_name("model_3.pt").files[0].state.size == 4096
+
+
+def test_file_moved_out_while_open_does_not_block_its_successor(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    # the moved-out file's close is never seen from the root; its handle must not count as
+    # a writer of the next file put at the same name
+    root, outside = tmp_path / "ckpts", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    w, c = start(root, "inotify", settle=3600.0)
+    watchers.append(w)
+    with open(root / "model_4.pt", "wb") as f:
+        f.write(b"old")
+        f.flush()
+        os.rename(root / "model_4.pt", outside / "model_4.pt")
+        (root / "model_4.pt.tmp").write_bytes(b"new")
+        os.rename(root / "model_4.pt.tmp", root / "model_4.pt")
+        assert c.wait_name("model_4.pt").files[0].state.size == 3
+
+
 def test_retry_later_hands_off_again(tmp_path: Path, mode: str, watchers: list[Watcher]) -> None:
     w, c = start(tmp_path, mode)
     watchers.append(w)
