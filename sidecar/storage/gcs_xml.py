@@ -24,10 +24,11 @@ import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
-from sidecar.storage.budget import Budget, raise_failed
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import CorruptedInTransit, response_message, status_error
 from sidecar.storage.gcs_resumable import TIMEOUT, is_transient_status
+from sidecar.storage.parts import send_parts
 
 __all__ = [
     "MAX_PARTS",
@@ -181,49 +182,43 @@ def upload_xml_multipart(
     part_size = part_size_for(size, part_size)
     crc = Crc32c()
     etags: dict[int, str] = {}
-    pending: dict[cf.Future[str], tuple[int, int]] = {}
+    offset = number = 0
 
-    def harvest(fs: set[cf.Future[str]]) -> None:
-        for fut in fs:
-            number, length = pending.pop(fut)
-            etags[number] = fut.result()
-            if progress is not None:
-                progress(length)
+    def next_part() -> tuple[int, bytes, str] | None:
+        nonlocal offset, number
+        if offset >= size:
+            return None
+        want = min(part_size, size - offset)
+        data = f.read(want)
+        if len(data) != want:
+            raise TransientError(
+                f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it "
+                f"was read ({offset + len(data)} of {size} bytes); it is sent again "
+                "once stable"
+            )
+        part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
+        part.update(data)
+        crc.extend(part.value(), want)
+        number += 1
+        offset += want
+        return number, data, part.b64()
+
+    def send(part: tuple[int, bytes, str]) -> tuple[int, str, int]:
+        n, data, part_crc = part
+        return n, up.put_part(n, data, part_crc), len(data)
+
+    def on_sent(result: tuple[int, str, int]) -> None:
+        n, etag, length = result
+        etags[n] = etag
+        if progress is not None:
+            progress(length)
 
     try:
         up.initiate({"Content-Type": "application/octet-stream", **headers})
-        offset, number = 0, 0
-        while offset < size:
-            want = min(part_size, size - offset)
-            budget.acquire(lambda: raise_failed(pending))
-            try:
-                data = reader.submit(f.read, want).result()
-                if len(data) != want:
-                    raise TransientError(
-                        f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it "
-                        f"was read ({offset + len(data)} of {size} bytes); it is sent again "
-                        "once stable"
-                    )
-                part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
-                part.update(data)
-                number += 1
-                fut = budget.submit(pool, up.put_part, number, data, part.b64())
-            except BaseException:
-                budget.release()
-                raise
-            crc.extend(part.value(), want)
-            pending[fut] = (number, want)
-            offset += want
-            del data
-            harvest({p for p in pending if p.done()})  # a failed part raises here
-        done, _ = cf.wait(pending, return_when=cf.FIRST_EXCEPTION)
-        harvest(done)
+        send_parts(next_part, send, on_sent, budget=budget, pool=pool, reader=reader)
         up.complete(etags)
         return crc.b64()
     except BaseException:
-        for fut in pending:
-            fut.cancel()
-        cf.wait(pending)
         up.abort()
         raise
 

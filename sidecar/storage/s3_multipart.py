@@ -14,7 +14,6 @@ AbortMultipartUpload is sent.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,8 +21,9 @@ from typing import Any, BinaryIO
 import structlog
 
 from sidecar.storage.base import Progress, TransientError
-from sidecar.storage.budget import Budget, raise_failed
+from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
+from sidecar.storage.parts import send_parts
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
 
 __all__ = [
@@ -98,28 +98,6 @@ def _send_part(t: Target, upload_id: str, number: int, body: bytes, crc: str) ->
     raise AssertionError("unreachable")
 
 
-def _run_parts(
-    t: Target,
-    upload_id: str,
-    pool: cf.Executor,
-    produce: Callable[[cf.Executor, set[cf.Future[dict[str, Any]]]], None],
-) -> list[dict[str, Any]]:
-    """Run ``produce`` (which submits this upload's parts to ``pool``); on any failure cancel
-    what is pending one by one, await what runs, abort, and re-raise. Returns when every
-    part of this upload is done; other uploads' parts on ``pool`` are not waited for."""
-    futures: set[cf.Future[dict[str, Any]]] = set()
-    try:
-        produce(pool, futures)
-        done, _ = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
-        return sorted((f.result() for f in done), key=lambda p: int(p["PartNumber"]))
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        cf.wait(futures)
-        abort(t, upload_id)
-        raise
-
-
 def abort(t: Target, upload_id: str) -> None:
     """AbortMultipartUpload, best effort (a failure is logged; the stale sweep retries)."""
     try:
@@ -185,38 +163,36 @@ def upload_in_parts(
     """
     part_size = part_size_for(size, part_size)
     whole = Crc32c()
-    total = 0
+    total = number = 0
+    parts: list[dict[str, Any]] = []
     with open(path, "rb") as f:
         upload_id = _create(t)
 
-        def produce(pool: cf.Executor, futures: set[cf.Future[dict[str, Any]]]) -> None:
-            nonlocal total
-            number = 0
-            while True:
-                budget.acquire(lambda: raise_failed(futures))
-                try:
-                    body, crc = reader.submit(_read_part, f, part_size, whole, progress).result()
-                except BaseException:
-                    budget.release()
-                    raise
-                if (not body and number > 0) or number >= MAX_PARTS:
-                    budget.release()
-                    if body:
-                        raise TransientError(f"{path} grew past {MAX_PARTS} parts while uploading")
-                    return
-                number += 1
-                total += len(body)
-                futures.add(budget.submit(pool, _send_part, t, upload_id, number, body, crc))
-                del body
+        def next_part() -> tuple[int, bytes, str] | None:
+            nonlocal total, number
+            body, crc = _read_part(f, part_size, whole, progress)
+            if (not body and number > 0) or number >= MAX_PARTS:
+                if body:
+                    raise TransientError(f"{path} grew past {MAX_PARTS} parts while uploading")
+                return None
+            number += 1
+            total += len(body)
+            return number, body, crc
 
-        parts = _run_parts(t, upload_id, senders, produce)
-        crc = whole.b64()
         try:
-            _complete(t, upload_id, parts, crc)
+            send_parts(
+                next_part,
+                lambda p: _send_part(t, upload_id, *p),
+                parts.append,
+                budget=budget,
+                pool=senders,
+                reader=reader,
+            )
+            _complete(t, upload_id, _in_order(parts), whole.b64())
         except BaseException:
             abort(t, upload_id)
             raise
-    return total, crc
+    return total, whole.b64()
 
 
 def _copy_part(
@@ -254,18 +230,26 @@ def copy_in_parts(
     pass through this process."""
     part_size = part_size_for(size, part_size)
     upload_id = _create(t)
+    ranges = iter(enumerate(range(0, size, part_size), start=1))
+    parts: list[dict[str, Any]] = []
 
-    slots = Budget(concurrency)
+    def next_part() -> tuple[int, int, int] | None:
+        number, first = next(ranges, (0, -1))
+        return None if first < 0 else (number, first, min(first + part_size, size) - 1)
 
-    def produce(pool: cf.Executor, futures: set[cf.Future[dict[str, Any]]]) -> None:
-        for number, first in enumerate(range(0, size, part_size), start=1):
-            slots.acquire(lambda: raise_failed(futures))
-            last = min(first + part_size, size) - 1
-            futures.add(slots.submit(pool, _copy_part, t, upload_id, number, source, first, last))
-
-    parts = _run_parts(t, upload_id, senders, produce)
     try:
-        _complete(t, upload_id, parts, crc)
+        send_parts(
+            next_part,
+            lambda p: _copy_part(t, upload_id, p[0], source, p[1], p[2]),
+            parts.append,
+            budget=Budget(concurrency),
+            pool=senders,
+        )
+        _complete(t, upload_id, _in_order(parts), crc)
     except BaseException:
         abort(t, upload_id)
         raise
+
+
+def _in_order(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(parts, key=lambda p: int(p["PartNumber"]))
