@@ -244,18 +244,24 @@ def test_root_replaced_in_place_is_seen_by_polling(tmp_path: Path, watchers: lis
     assert c.wait_name("b_2.pt").step == 2
 
 
+def watched_and_beside(tmp_path: Path, watchers: list[Watcher]) -> tuple[Path, Path, Collector]:
+    """An inotify watcher on ``tmp_path/ckpts`` whose settle time is far beyond any wait (only
+    a rename or a close can make a file ready) and a folder beside it on the same disk."""
+    root, beside = tmp_path / "ckpts", tmp_path / "beside"
+    root.mkdir()
+    beside.mkdir()
+    w, c = start(root, "inotify", settle=3600.0)
+    watchers.append(w)
+    return root, beside, c
+
+
 def test_file_renamed_in_from_outside_the_root_is_complete_at_once(
     tmp_path: Path, watchers: list[Watcher]
 ) -> None:
-    # a rename is the trainer's "this file is whole", wherever it came from; with a settle
-    # time far beyond the wait, only the rename can make it ready
-    root, outside = tmp_path / "ckpts", tmp_path / "staging"
-    root.mkdir()
-    outside.mkdir()
-    w, c = start(root, "inotify", settle=3600.0)
-    watchers.append(w)
-    (outside / "model_3.pt").write_bytes(b"m" * 4096)
-    os.rename(outside / "model_3.pt", root / "model_3.pt")
+    # a rename is the trainer's "this file is whole", wherever it came from
+    root, beside, c = watched_and_beside(tmp_path, watchers)
+    (beside / "model_3.pt").write_bytes(b"m" * 4096)
+    os.rename(beside / "model_3.pt", root / "model_3.pt")
     assert c.wait_name("model_3.pt").files[0].state.size == 4096
 
 
@@ -264,15 +270,11 @@ def test_file_moved_out_while_open_does_not_block_its_successor(
 ) -> None:
     # the moved-out file's close is never seen from the root; its handle must not count as
     # a writer of the next file put at the same name
-    root, outside = tmp_path / "ckpts", tmp_path / "elsewhere"
-    root.mkdir()
-    outside.mkdir()
-    w, c = start(root, "inotify", settle=3600.0)
-    watchers.append(w)
+    root, beside, c = watched_and_beside(tmp_path, watchers)
     with open(root / "model_4.pt", "wb") as f:
         f.write(b"old")
         f.flush()
-        os.rename(root / "model_4.pt", outside / "model_4.pt")
+        os.rename(root / "model_4.pt", beside / "model_4.pt")
         (root / "model_4.pt.tmp").write_bytes(b"new")
         os.rename(root / "model_4.pt.tmp", root / "model_4.pt")
         assert c.wait_name("model_4.pt").files[0].state.size == 3
