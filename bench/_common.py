@@ -14,6 +14,7 @@ import random
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -576,6 +577,18 @@ def measure_child(
     after = sum(srv.cpu_times()[:2])
     cpu = usage.ru_utime + usage.ru_stime
     return seconds, cpu, after - before, peak / MiB, parse_setup_cpu(out)
+
+
+def start_up_columns(runs: Sequence[tuple[float, float | None, int]]) -> tuple[str, str]:
+    """For one table row's runs of (child CPU s, its start-up CPU s or None, bytes): the
+    median start-up CPU s and the median CPU s per GB (10^9 bytes) after it, to 2 decimals;
+    "n/a" for both unless every run printed its start-up (``setup_done()``)."""
+    known = [(cpu, setup, n) for cpu, setup, n in runs if setup is not None]
+    if not runs or len(known) != len(runs):
+        return "n/a", "n/a"
+    setup = statistics.median(s for _, s, _ in known)
+    after = statistics.median((cpu - s) / (n / 1e9) for cpu, s, n in known)
+    return f"{setup:.2f}", f"{after:.2f}"
 
 
 def run_quiet(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:

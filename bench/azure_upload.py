@@ -146,12 +146,6 @@ class Result:
     setup_cpu: float | None  # CPU before the first byte (our Python children only)
 
 
-def _median_or_na(values: list[float | None]) -> str:
-    """The median to 2 decimals, or "n/a" unless every run has a value."""
-    known = [v for v in values if v is not None]
-    return f"{statistics.median(known):.2f}" if known and len(known) == len(values) else "n/a"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size-mib", type=int, default=2048)
@@ -168,7 +162,7 @@ def main() -> None:
 
     from azure.core.exceptions import ResourceNotFoundError
 
-    from bench._common import measure_child
+    from bench._common import measure_child, start_up_columns
     from tests.servers.azurite import KEY, start_azurite
 
     settings = [tuple(int(v) for v in s.split("x")) for s in args.settings.split(",")]
@@ -234,12 +228,11 @@ def main() -> None:
         groups.items(), key=lambda kv: (kv[0][1], kv[0][2], TOOLS.index(kv[0][0]))
     ):
         secs = statistics.median(r.seconds for r in rs)
-        steady = [None if r.setup_cpu is None else (r.cpu - r.setup_cpu) / gb for r in rs]
+        setup, after = start_up_columns([(r.cpu, r.setup_cpu, size) for r in rs])
         print(
             f"| {tool} | {block_mib} MiB | {concurrency} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{statistics.median(r.cpu for r in rs) / gb:.2f} | "
-            f"{_median_or_na([r.setup_cpu for r in rs])} | "
-            f"{_median_or_na(steady)} | "
+            f"{setup} | {after} | "
             f"{statistics.median(r.server_cpu for r in rs) / gb:.2f} | "
             f"{max(r.rss_mib for r in rs):.0f} | {secs:.1f} |"
         )

@@ -166,12 +166,6 @@ class Result:
     setup_cpu: float | None  # CPU before the first byte (our Python children only)
 
 
-def _median_or_na(values: list[float | None]) -> str:
-    """The median to 2 decimals, or "n/a" unless every run has a value."""
-    known = [v for v in values if v is not None]
-    return f"{statistics.median(known):.2f}" if known and len(known) == len(values) else "n/a"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--file-mib", type=int, default=2048)
@@ -188,7 +182,7 @@ def main() -> None:
         child(tool, host, bucket, Path(src), int(chunk))
         return
 
-    from bench._common import measure_child
+    from bench._common import measure_child, start_up_columns
     from tests.servers.gcs import start_fake_gcs_server, start_gcp_storage_emulator, stop
 
     starters = {
@@ -268,12 +262,11 @@ def main() -> None:
         scpu = statistics.median(r.server_cpu for r in rs)
         rss = max(r.rss_mib for r in rs)
         gb = size / 1e9
-        steady = [None if r.setup_cpu is None else (r.cpu - r.setup_cpu) / gb for r in rs]
+        setup, after = start_up_columns([(r.cpu, r.setup_cpu, size) for r in rs])
         label = f"{chunk} MiB" if chunk else "default"
         print(
             f"| {server_name} | {tool} | {label} | {len(rs)} | {size / 1e6 / secs:.0f} | "
-            f"{cpu / gb:.2f} | {_median_or_na([r.setup_cpu for r in rs])} | "
-            f"{_median_or_na(steady)} | {scpu / gb:.2f} | {rss:.0f} |"
+            f"{cpu / gb:.2f} | {setup} | {after} | {scpu / gb:.2f} | {rss:.0f} |"
         )
     for line in failures:
         print(f"* not measured: {line}")

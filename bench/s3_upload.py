@@ -293,6 +293,8 @@ def main() -> int:
 
 
 def table(runs: list[Run], args: argparse.Namespace) -> str:
+    from bench._common import start_up_columns
+
     lines = [
         f"runs: {args.runs}, part size {args.part_mib} MiB, {FILE_CONCURRENCY} files at once "
         "for ours/boto3; start-up = the child's CPU before its first byte (interpreter, "
@@ -308,12 +310,7 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
         mbps = statistics.median(r.nbytes / r.seconds / 1e6 for r in mine)
         cpu = statistics.median(r.cpu / (r.nbytes / 1e9) for r in mine)
         rss = max(r.rss_mb for r in mine)
-        setups = [r.setup_cpu for r in mine if r.setup_cpu is not None]
-        setup = after = "n/a"
-        if len(setups) == len(mine):
-            setup = f"{statistics.median(setups):.2f}"
-            steady = [(r.cpu - (r.setup_cpu or 0.0)) / (r.nbytes / 1e9) for r in mine]
-            after = f"{statistics.median(steady):.2f}"
+        setup, after = start_up_columns([(r.cpu, r.setup_cpu, r.nbytes) for r in mine])
         lines.append(
             f"| {data} | {tool} | {mbps:.0f} | {cpu:.2f} | {setup} | {after} | {rss:.0f} |"
         )
