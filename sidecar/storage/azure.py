@@ -174,9 +174,8 @@ class AzureBackend(Backend):
     def _put_single(
         self, key: str, f: BinaryIO, size: int, progress: Progress | None
     ) -> ObjectInfo:
-        """One Put Blob of the file's ``size`` bytes, holding a budget
-        slot while they are in memory; ``progress`` is told before the request, so a
-        Cancelled leaves nothing."""
+        """One Put Blob of the file's ``size`` bytes, holding a budget slot while they are
+        in memory; ``progress`` is told before the request, so a Cancelled leaves nothing."""
         self._budget.acquire()
         try:
             data = self._reader.submit(f.read, size).result()

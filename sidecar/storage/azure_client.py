@@ -82,7 +82,7 @@ def _transport(pool_size: int) -> RequestsTransport:
     )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    # azure-core passes ``verify`` with every request, which overrides the session's
+    # azure-core passes ``verify`` with every request, overriding the session's own
     return RequestsTransport(
         session=session, session_owner=True, connection_verify=ca_bundle() or True
     )
