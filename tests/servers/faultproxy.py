@@ -68,14 +68,12 @@ class FaultProxy:
 
     def outage(self) -> None:
         """The store goes away: new connections are refused and open ones (a client's
-        keep-alive pool) are reset."""
-        self.set(refuse=True)
+        keep-alive pool, a request waiting for its reply) are reset."""
         with self._lock:
+            self.faults.refuse = True
             conns = list(self._conns)
         for c in conns:
-            with contextlib.suppress(OSError):
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-                c.close()
+            _reset(c)
 
     def wait_count(self, what: str, n: int, timeout: float = 60.0) -> int:
         """Wait until the proxy has done ``what`` at least ``n`` times; the count."""
@@ -90,13 +88,15 @@ class FaultProxy:
 
     def close(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
         self._sock.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
-            with contextlib.suppress(OSError):
-                c.close()
+            _reset(c)
         self._thread.join(5)
+        assert not self._thread.is_alive(), "fault proxy: the accept thread did not stop"
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -110,8 +110,7 @@ class FaultProxy:
         f = self.faults
         if f.refuse:
             f.count("refused")
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-            client.close()
+            _reset(client)
             return
         if f.slowdown:
             f.count("slowdown")
@@ -128,6 +127,11 @@ class FaultProxy:
             client.close()
             return
         with self._lock:
+            if f.refuse:  # the outage began while this connection was being made
+                f.count("refused")
+                _reset(client)
+                _reset(upstream)
+                return
             self._conns.update((client, upstream))
         a = threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True)
         b = threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True)
@@ -160,9 +164,8 @@ class FaultProxy:
                 f = self.faults
                 if upstream and f.reset_after_bytes and sent + len(data) > f.reset_after_bytes:
                     f.count("reset")
-                    for s in (src, dst):
-                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-                        s.close()
+                    _reset(src)
+                    _reset(dst)
                     return
                 if upstream and f.rate:
                     self._throttle(len(data), f.rate)
@@ -171,6 +174,17 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            if not self.faults.refuse:  # pass the close on; in an outage, outage() resets both
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+
+
+def _reset(s: socket.socket) -> None:
+    """Close ``s`` with a reset (RST), also when another thread is blocked reading it: on
+    Linux ``close`` alone does not wake that read, and the socket (and the peer's wait for a
+    reply) would live on until it returned. ``SHUT_RD`` wakes it without sending anything."""
+    with contextlib.suppress(OSError):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        s.shutdown(socket.SHUT_RD)
+    s.close()
