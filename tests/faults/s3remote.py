@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sidecar.manifest import MANIFEST_PREFIX, Manifest, parse
@@ -12,6 +13,9 @@ from tests.servers.seaweedfs import S3Server
 
 @dataclass
 class Remote:
+    """Reads go through one client, made on first use (making one costs about 0.5 s of
+    CPU: botocore loads the S3 model) and closed by :meth:`close`."""
+
     server: S3Server
     bucket: str
     prefix: str = "run-1"
@@ -27,30 +31,27 @@ class Remote:
             env["AWS_ENDPOINT_URL_S3"] = endpoint_url
         return env
 
-    def _client(self) -> Any:
+    @cached_property
+    def client(self) -> Any:
         return self.server.client()
+
+    def close(self) -> None:
+        if "client" in self.__dict__:
+            self.client.close()
 
     def keys(self) -> set[str]:
         """Every object key of the prefix, relative to it."""
-        c = self._client()
-        try:
-            out: set[str] = set()
-            pages = c.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + "/"
-            )
-            for page in pages:
-                out.update(o["Key"][len(self.prefix) + 1 :] for o in page.get("Contents", []))
-            return out
-        finally:
-            c.close()
+        out: set[str] = set()
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix + "/"
+        )
+        for page in pages:
+            out.update(o["Key"][len(self.prefix) + 1 :] for o in page.get("Contents", []))
+        return out
 
     def read(self, key: str) -> bytes:
-        c = self._client()
-        try:
-            body = c.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")["Body"]
-            return bytes(body.read())
-        finally:
-            c.close()
+        body = self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")["Body"]
+        return bytes(body.read())
 
     def manifests(self) -> list[Manifest]:
         keys = sorted(k for k in self.keys() if k.startswith(MANIFEST_PREFIX))

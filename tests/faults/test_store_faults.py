@@ -35,8 +35,10 @@ ENV = {
 
 
 @pytest.fixture
-def remote(s3_server: S3Server) -> Remote:
-    return Remote(s3_server, new_bucket(s3_server, "faults"))
+def remote(s3_server: S3Server) -> Iterator[Remote]:
+    r = Remote(s3_server, new_bucket(s3_server, "faults"))
+    yield r
+    r.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,10 @@ KEEP_ALL = {"CKPT_SIDECAR_RETENTION__KEEP_LAST": "100"}
 
 
 @pytest.fixture
-def remote(s3_server: S3Server) -> Remote:
-    return Remote(s3_server, new_bucket(s3_server, "kills"))
+def remote(s3_server: S3Server) -> Iterator[Remote]:
+    r = Remote(s3_server, new_bucket(s3_server, "kills"))
+    yield r
+    r.close()
 
 
 def folder(watch: Path, step: int, rng: random.Random, files: int = 3) -> list[str]:
@@ -93,17 +96,15 @@ def test_kill_between_the_last_object_and_the_manifest(
 
 def _age_at_least(remote: Remote, prefix: str, seconds: float) -> None:
     """Wait until every object under ``prefix`` is ``seconds`` old by the store's clock."""
-    c = remote.server.client()
-    try:
-        while True:
-            listed = c.list_objects_v2(Bucket=remote.bucket, Prefix=f"{remote.prefix}/{prefix}")
-            newest = max(o["LastModified"].timestamp() for o in listed["Contents"])
-            left = newest + seconds - time.time()
-            if left <= 0:
-                return
-            time.sleep(left)  # the age is the condition itself: nothing to wait on instead
-    finally:
-        c.close()
+    while True:
+        listed = remote.client.list_objects_v2(
+            Bucket=remote.bucket, Prefix=f"{remote.prefix}/{prefix}"
+        )
+        newest = max(o["LastModified"].timestamp() for o in listed["Contents"])
+        left = newest + seconds - time.time()
+        if left <= 0:
+            return
+        time.sleep(left)  # the age is the condition itself: nothing to wait on instead
 
 
 def test_kill_during_retention_deletes_then_the_sweep_removes_orphans(
