@@ -14,7 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileClosedNoWriteEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileOpenedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers.api import BaseObserver
 
 from sidecar.model import CheckpointReady
@@ -30,6 +42,22 @@ _IDLE_CHECK = 5.0  # seconds between checks that the root still exists while idl
 #: read: the daemon's own reads make two events per file, and taken one by one they cost
 #: several times the CPU (bench/commit_latency.md, 10,000 files)
 BATCH_SECONDS = 0.02
+#: the events the tracker needs. Not "modified" (IN_MODIFY, one per write() call: a trainer
+#: writing in 64 KiB pieces cost the daemon 0.48 CPU-s per GiB in event handling alone,
+#: bench/watch_events.md) nor "attrib": a file being written is held open (counted from its
+#: open and close events) and a tick re-reads the sizes of an entry that is not yet
+#: handed off, so neither adds a decision, only wake-ups.
+EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    DirCreatedEvent,
+    FileDeletedEvent,
+    DirDeletedEvent,
+    FileMovedEvent,
+    DirMovedEvent,
+    FileOpenedEvent,
+    FileClosedEvent,
+    FileClosedNoWriteEvent,
+]
 
 
 def _fs_type(path: Path) -> str | None:
@@ -112,7 +140,7 @@ class Watcher:
         # Full events: a file renamed in from outside the root is a move (complete, like a
         # rename inside it), not a creation that must wait out settle_seconds.
         obs = InotifyObserver(generate_full_events=True)
-        obs.schedule(_Handler(self._events), str(self.root), recursive=True)
+        obs.schedule(_Handler(self._events), str(self.root), recursive=True, event_filter=EVENTS)
         obs.start()
         self._observer = obs
 
