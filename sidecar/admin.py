@@ -8,9 +8,11 @@ anything else gets 403 and a log line. Unknown paths 404, wrong methods 405, bod
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -159,13 +161,18 @@ class _Server(ThreadingHTTPServer):
         self.token = token
 
 
+#: the serving thread sleeps until a connection comes; stop() makes one to end the wait
+_POLL_SECONDS = 3600.0
+
+
 class AdminServer:
-    """Binds at construction (so a port in use fails before anything starts)."""
+    """Binds at construction (so a port in use fails before anything starts). While nobody
+    calls, the serving thread does not wake (a wake-up is most of an idle daemon's cost)."""
 
     def __init__(self, daemon: Daemon, host: str, port: int, token: str | None) -> None:
         self._server = _Server((host, port), daemon, token)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="admin", daemon=True
+            target=self._server.serve_forever, args=(_POLL_SECONDS,), name="admin", daemon=True
         )
 
     @property
@@ -176,5 +183,15 @@ class AdminServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving (after start()) and close the socket; returns once serving ended."""
+        stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopper.start()
+        while stopper.is_alive():  # until serve_forever has seen the request to stop
+            with contextlib.suppress(OSError):
+                socket.create_connection(self._wake_address(), timeout=1).close()
+            stopper.join(0.05)
         self._server.server_close()
+
+    def _wake_address(self) -> tuple[str, int]:
+        host, port = str(self._server.server_address[0]), self.port
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host), port

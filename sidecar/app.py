@@ -210,11 +210,14 @@ class Daemon:
 
     # -- loops --------------------------------------------------------------------------------
     def _commit_loop(self) -> None:
+        # Wakes for work, for the orphan sweep when it is due, and at stop (queue.close());
+        # no polling: at rest a wake-up is the daemon's whole cost (bench/idle.md).
         while not self.stop_event.is_set():
-            item = self.queue.get_checkpoint(timeout=0.5)
+            item = self.queue.get_checkpoint(timeout=self.sweeper.due_in())
             self._update_queue_metrics()
             if item is None:
-                self.sweeper.maybe(abort=self._busy)
+                if not self.stop_event.is_set():
+                    self.sweeper.maybe(abort=self._busy)
                 continue
             with self.lock:
                 self.current, self.current_cancel = item, threading.Event()
@@ -383,8 +386,7 @@ class Daemon:
     def run(self) -> int:
         """Run until stopped (install signal handlers first); the exit status."""
         self.start()
-        while not self.stop_event.wait(0.5):
-            pass
+        self.stop_event.wait()  # signal handlers still run: the wait is interruptible
         return self.shutdown()
 
     def shutdown(self) -> int:

@@ -117,6 +117,12 @@ class OrphanSweeper:
         self.clock = clock
         self._next = clock()
 
+    def due_in(self) -> float | None:
+        """Seconds until the next sweep is due (0 when it is); None when sweeping is off."""
+        if not self.hours:
+            return None
+        return max(0.0, self._next - self.clock())
+
     def maybe(self, abort: Callable[[], bool]) -> None:
         """Sweep if one is due; ``abort()`` (new work, a drain) stops it between deletes."""
         if not self.hours or self.clock() < self._next:

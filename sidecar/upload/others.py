@@ -45,7 +45,7 @@ class OtherFilesLoop:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            item = self.queue.get_other(timeout=0.5)
+            item = self.queue.get_other()  # None once the queue is closed at stop
             if item is not None:
                 self.upload(item)
 

@@ -107,15 +107,19 @@ def test_sweeper_runs_at_start_then_every_six_hours_and_retries_an_incomplete_on
     metrics = Metrics()
     sweeper = OrphanSweeper(b, PLAIN, metrics, older_than_hours=24, clock=lambda: now[0])
     put(b, "step_2/w.bin", 2 * DAY)
+    assert sweeper.due_in() == 0  # the commit loop, idle, sleeps this long before maybe()
     sweeper.maybe(abort=lambda: False)  # the first idle moment after start
     assert "step_2/w.bin" not in keys(b)
+    assert sweeper.due_in() == SWEEP_EVERY_SECONDS
     put(b, "step_3/w.bin", 2 * DAY)
     now[0] = SWEEP_EVERY_SECONDS - 1
     sweeper.maybe(abort=lambda: False)
     assert "step_3/w.bin" in keys(b), "not due yet"
+    assert sweeper.due_in() == 1
     now[0] = SWEEP_EVERY_SECONDS
     sweeper.maybe(abort=lambda: True)  # new work arrived at once: incomplete
     assert "step_3/w.bin" in keys(b)
+    assert sweeper.due_in() == RETRY_INCOMPLETE_SECONDS
     now[0] += RETRY_INCOMPLETE_SECONDS
     sweeper.maybe(abort=lambda: False)
     assert "step_3/w.bin" not in keys(b)
@@ -125,5 +129,7 @@ def test_sweeper_runs_at_start_then_every_six_hours_and_retries_an_incomplete_on
 def test_sweeper_is_off_at_zero_hours(tmp_path: Path) -> None:
     b = LocalBackend(tmp_path)
     put(b, "step_2/w.bin", 9 * DAY)
-    OrphanSweeper(b, PLAIN, Metrics(), older_than_hours=0).maybe(abort=lambda: False)
+    off = OrphanSweeper(b, PLAIN, Metrics(), older_than_hours=0)
+    assert off.due_in() is None  # the idle commit loop then waits for work only
+    off.maybe(abort=lambda: False)
     assert "step_2/w.bin" in keys(b)
