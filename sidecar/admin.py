@@ -183,7 +183,10 @@ class AdminServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving (after start()) and close the socket; returns once serving ended."""
+        """Stop serving and close the socket; returns once serving ended."""
+        if not self._thread.is_alive():  # never started: shutdown() would wait for ever
+            self._server.server_close()
+            return
         stopper = threading.Thread(target=self._server.shutdown, daemon=True)
         stopper.start()
         while stopper.is_alive():  # until serve_forever has seen the request to stop
