@@ -22,6 +22,7 @@ from sidecar.catalog import Catalog
 from sidecar.commit import Committer
 from sidecar.config import Config
 from sidecar.drain import DrainController, clear_stale_notice
+from sidecar.main_wait import MainWait
 from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady, EntryKind, Notice
 from sidecar.orphans import OrphanSweeper
@@ -76,6 +77,7 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.metrics.build.info({"version": __version__, "backend": backend.scheme})
         self.stop_event = threading.Event()
+        self._main_wait = MainWait()  # the main thread's sleep in run(); signals wake it
         self.health = Health()
         self.catalog = Catalog()
         self.queue = CheckpointQueue(cfg.queue.max_checkpoints, cfg.queue.max_bytes)
@@ -382,11 +384,12 @@ class Daemon:
             lambda n, exit_after: self.notice(n, exit_after=exit_after),
             self.cfg.shutdown_grace_seconds,
         )
+        self._main_wait.install()
 
     def run(self) -> int:
         """Run until stopped (install signal handlers first); the exit status."""
         self.start()
-        self.stop_event.wait()  # signal handlers still run: the wait is interruptible
+        self._main_wait.wait(self.stop_event)
         return self.shutdown()
 
     def shutdown(self) -> int:
@@ -405,3 +408,4 @@ class Daemon:
 
     def request_stop(self) -> None:
         self.stop_event.set()
+        self._main_wait.wake()
