@@ -52,6 +52,7 @@ __all__ = ["Daemon"]
 
 log = structlog.get_logger("sidecar.app")
 _RETRY_LATER_SECONDS = 5.0
+_QUIET_BEFORE_SWEEP_SECONDS = 0.5  # no work this long: the orphan sweep may run
 
 
 @dataclass
@@ -212,10 +213,13 @@ class Daemon:
 
     # -- loops --------------------------------------------------------------------------------
     def _commit_loop(self) -> None:
-        # Wakes for work, for the orphan sweep when it is due, and at stop (queue.close());
-        # no polling: at rest a wake-up is the daemon's whole cost (bench/idle.md).
+        # Wakes for work, for the orphan sweep when it is due (after a quiet spell, so the
+        # start-up scan's checkpoints go first), and at stop (queue.close()); no polling: at
+        # rest a wake-up is the daemon's whole cost (bench/idle.md).
         while not self.stop_event.is_set():
-            item = self.queue.get_checkpoint(timeout=self.sweeper.due_in())
+            due = self.sweeper.due_in()
+            timeout = None if due is None else max(due, _QUIET_BEFORE_SWEEP_SECONDS)
+            item = self.queue.get_checkpoint(timeout=timeout)
             self._update_queue_metrics()
             if item is None:
                 if not self.stop_event.is_set():
