@@ -28,9 +28,7 @@ __all__ = ["CompletionTracker", "EventKind"]
 
 RESTORE_ASIDE = ".replaced-"  # restore --force moves an entry aside to <name>.replaced-<time>
 _MIN_RESCAN = 0.1  # seconds between two scans of one entry
-EventKind = (
-    str  # "created" | "modified" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
-)
+EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
 
 
 @dataclass
@@ -144,7 +142,7 @@ class CompletionTracker:
         e.dirty = True
         if kind in ("closed", "moved_in"):
             e.fast = True
-        elif kind in ("modified", "created"):
+        elif kind == "created":
             e.fast = False
 
     def moved(self, src: Path, dest: Path | None) -> None:

@@ -235,13 +235,6 @@ class Watcher:
             return
         if not ev.src_path:
             return
-        if kind == "attrib":
-            return
-        if ev.is_directory and kind in ("modified",):
-            return
-        if ev.is_directory and kind == "created":
-            self.tracker.event(Path(str(ev.src_path)), "created", is_dir=True)
-            return
         self.tracker.event(Path(str(ev.src_path)), kind, is_dir=ev.is_directory)
 
     def _restart_observer(self) -> None:

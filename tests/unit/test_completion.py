@@ -73,7 +73,6 @@ def test_file_closed_after_writing_is_ready_at_once(tmp_path: Path) -> None:
         t.event(p, "created")
         t.event(p, "opened")
         f.write(b"x" * 1000)
-        t.event(p, "modified")
         assert t.tick() == []
         clock.advance(5 * SETTLE)
         assert t.tick() == [], "a file open for writing is never complete"
@@ -117,7 +116,6 @@ def test_handle_opened_under_a_temporary_folder_name_follows_the_rename(tmp_path
     t.event(tmp, "created", is_dir=True)
     t.event(tmp / "a.bin", "created")
     t.event(tmp / "a.bin", "opened")
-    t.event(tmp / "a.bin", "modified")
     final = tmp_path / "step_3"
     os.rename(tmp, final)
     t.moved(tmp, final)
@@ -134,7 +132,6 @@ def test_file_without_close_event_becomes_ready_once_stable(tmp_path: Path) -> N
     p = tmp_path / "weights.safetensors"
     p.write_bytes(b"w")
     t.event(p, "created")
-    t.event(p, "modified")
     clock.advance(0.1)
     assert t.tick() == []
     got = run_for(t, clock, SETTLE + 0.3)
@@ -150,10 +147,8 @@ def test_same_snapshot_is_not_handed_off_twice_but_a_new_one_is(tmp_path: Path) 
     clock.advance(0.2)
     assert names(t.tick()) == ["last.ckpt"]
     t.event(p, "closed_no_write")  # our own uploader reading it
-    t.event(p, "modified")
     assert run_for(t, clock, 3) == []
     p.write_bytes(b"two!")
-    t.event(p, "modified")
     t.event(p, "closed")
     clock.advance(0.2)
     [again] = t.tick()
@@ -201,7 +196,6 @@ def _write_dir(root: Path, t: CompletionTracker, name: str, files: dict[str, byt
         t.event(p, "created")
         t.event(p, "opened")
         p.write_bytes(data)
-        t.event(p, "modified")
         t.event(p, "closed")
     return d
 
