@@ -139,6 +139,10 @@ class Daemon:
         self.pending = Unprotected()
         self.drain = DrainController(self)
         self.metrics.unprotected.set_function(self.unprotected_seconds)
+        # read when scraped: set from the threads that change the queue, two such sets could
+        # land out of order and leave a stale depth until the next change
+        self.metrics.queue_depth.set_function(lambda: self.queue.depth()[0])
+        self.metrics.queue_bytes.set_function(lambda: self.queue.depth()[1])
         self._threads: list[threading.Thread] = []
         self.poller = Poller(
             list(sources),
@@ -188,12 +192,6 @@ class Daemon:
                 self.metrics.superseded.inc()
                 log.info("checkpoint.superseded", checkpoint=old.name, by=item.name)
         self.drain.on_ready(item)
-        self._update_queue_metrics()
-
-    def _update_queue_metrics(self) -> None:
-        n, b, _ = self.queue.depth()
-        self.metrics.queue_depth.set(n)
-        self.metrics.queue_bytes.set(b)
 
     @property
     def last_committed(self) -> dict[str, Any] | None:
@@ -220,7 +218,6 @@ class Daemon:
             due = self.sweeper.due_in()
             timeout = None if due is None else max(due, _QUIET_BEFORE_SWEEP_SECONDS)
             item = self.queue.get_checkpoint(timeout=timeout)
-            self._update_queue_metrics()
             if item is None:
                 if not self.stop_event.is_set():
                     self.sweeper.maybe(abort=self._busy)
