@@ -10,8 +10,9 @@ every tool (they cannot be dropped in this container); what differs is durabilit
   ``+ sync`` rows add the time of ``sync -f`` on the destination right after (durable);
 * ``rsync --fsync``: fsyncs each file (durable);
 * ``ours put_file``: ``LocalBackend.put_file`` in this process, 4 files at a time like the
-  daemon (1 for the single file): temp name, CRC32C in the same pass, fsync file, rename,
-  fsync folder (durable); CPU = this process's user + system time over the copy;
+  daemon (1 for the single file): temp name, the bytes copied in the kernel (``sendfile``)
+  in 256 KiB pieces, each read back for the CRC32C, fsync file, rename, fsync folder
+  (durable); CPU = this process's user + system time over the copy;
 * ``ours daemon``: the whole daemon, end to end: the checkpoint is renamed into the watch
   folder, time to ``checkpoint.committed`` (includes ``watch.settle_seconds`` = ``--settle``
   for the folder; a single file renamed into place is complete at once); CPU = the

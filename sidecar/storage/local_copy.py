@@ -1,0 +1,84 @@
+"""Copy one open file into another with the CRC32C of the bytes the copy holds.
+
+The copy runs inside the kernel (``sendfile(2)``) in 256 KiB pieces; each piece is then
+read back from the destination, still in the CPU cache, for the checksum. So every byte
+enters this process once instead of twice (read, then write), and the checksum is of the
+bytes the destination holds, computed in the same pass. Where the kernel cannot copy (not
+Linux, a file system without splice support, or any error of the in-kernel copy), the rest
+of the file goes by ``pread``/``pwrite`` through one reused buffer, which also tells a
+failed read of the source from a failed write of the destination.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from sidecar.storage.base import Progress
+from sidecar.storage.checksum import Crc32c
+
+__all__ = ["COPY_CHUNK", "WriteError", "copy_with_crc"]
+
+#: bytes per piece: small enough that a piece is still in the CPU cache when it is read back
+#: (or, without the in-kernel copy, written out). With 1 MiB pieces the same copies cost
+#: 1.2-4x the CPU here (bench/file_copy.md).
+COPY_CHUNK = 256 * 1024
+
+
+class WriteError(OSError):
+    """The destination could not be written or read back (errno as the kernel gave it)."""
+
+
+def copy_with_crc(src: int, dst: int, *, progress: Progress | None = None) -> tuple[int, Crc32c]:
+    """Copy ``src`` from its start to its end of file into ``dst`` from offset 0.
+
+    ``dst`` must be open for reading and writing and empty. Returns the bytes copied and
+    the CRC32C of what ``dst`` now holds. ``progress`` is called with each piece's size.
+    Raises :class:`WriteError` when the destination fails (full, read-only, I/O error) and
+    a plain ``OSError`` when reading the source fails. Does not fsync.
+    """
+    crc = Crc32c()
+    buf = bytearray(COPY_CHUNK)
+    view = memoryview(buf)
+    offset = 0
+    while True:
+        try:
+            n = os.sendfile(dst, src, offset, COPY_CHUNK)
+        except (OSError, AttributeError):  # AttributeError: no os.sendfile on this platform
+            return _copy_through_buffer(src, dst, offset, crc, view, progress)
+        if n == 0:
+            return offset, crc
+        _read_back(dst, offset, view[:n])
+        crc.update(view[:n])
+        offset += n
+        if progress:
+            progress(n)
+
+
+def _read_back(dst: int, offset: int, into: memoryview) -> None:
+    got = 0
+    while got < len(into):
+        try:
+            n = os.preadv(dst, [into[got:]], offset + got)
+        except OSError as e:
+            raise WriteError(e.errno, f"read back the copy: {e.strerror}") from e
+        if n == 0:
+            raise WriteError(errno.EIO, "the destination holds fewer bytes than were copied")
+        got += n
+
+
+def _copy_through_buffer(
+    src: int, dst: int, offset: int, crc: Crc32c, view: memoryview, progress: Progress | None
+) -> tuple[int, Crc32c]:
+    while n := os.preadv(src, [view], offset):
+        crc.update(view[:n])
+        written = 0
+        while written < n:
+            try:
+                written += os.pwrite(dst, view[written:n], offset + written)
+            except OSError as e:
+                raise WriteError(e.errno, e.strerror) from e
+        offset += n
+        if progress:
+            progress(n)
+    return offset, crc

@@ -1,0 +1,114 @@
+"""``copy_with_crc``: the copy and its CRC32C always describe the same bytes."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sidecar.storage.checksum import crc32c_of_bytes, crc32c_of_file
+from sidecar.storage.local_copy import COPY_CHUNK, WriteError, copy_with_crc
+
+
+def _data(n: int) -> bytes:
+    return os.urandom(n)
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "src.bin", tmp_path / "dst.bin"
+
+
+def _copy(
+    src: Path, dst: Path, flags: int = 0, progress: Callable[[int], None] | None = None
+) -> tuple[int, str]:
+    s = os.open(src, os.O_RDONLY)
+    d = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
+    try:
+        size, crc = copy_with_crc(s, d, progress=progress)
+    finally:
+        os.close(s)
+        os.close(d)
+    return size, crc.b64()
+
+
+@pytest.mark.parametrize("size", [0, 1, COPY_CHUNK - 1, COPY_CHUNK, 3 * COPY_CHUNK + 17])
+def test_copy_is_exact_and_its_crc_is_the_files(paths: tuple[Path, Path], size: int) -> None:
+    src, dst = paths
+    src.write_bytes(_data(size))
+    seen: list[int] = []
+    got = _copy(src, dst, progress=seen.append)
+    assert dst.read_bytes() == src.read_bytes()
+    assert got == (size, crc32c_of_file(src))
+    assert sum(seen) == size
+
+
+def test_without_the_in_kernel_copy_the_result_is_the_same(paths: tuple[Path, Path]) -> None:
+    """sendfile(2) refuses a destination opened for appending (EINVAL): the copy goes
+    through the buffer instead, with the same bytes and checksum."""
+    src, dst = paths
+    src.write_bytes(_data(2 * COPY_CHUNK + 5))
+    got = _copy(src, dst, os.O_APPEND)
+    assert dst.read_bytes() == src.read_bytes()
+    assert got == (src.stat().st_size, crc32c_of_file(src))
+
+
+def test_a_source_cut_short_during_the_copy_gives_a_matching_crc(
+    paths: tuple[Path, Path],
+) -> None:
+    src, dst = paths
+    src.write_bytes(_data(4 * COPY_CHUNK))
+
+    def cut(_: int) -> None:
+        os.truncate(src, COPY_CHUNK + 100)
+
+    size, crc = _copy(src, dst, progress=cut)
+    held = dst.read_bytes()
+    assert size == len(held) == COPY_CHUNK + 100
+    assert crc == crc32c_of_bytes(held)
+
+
+def test_a_source_rewritten_during_the_copy_gives_a_matching_crc(
+    paths: tuple[Path, Path],
+) -> None:
+    src, dst = paths
+    src.write_bytes(b"a" * (3 * COPY_CHUNK))
+
+    def rewrite(_: int) -> None:
+        with open(src, "r+b") as f:
+            f.write(b"b" * (3 * COPY_CHUNK))
+
+    _, crc = _copy(src, dst, progress=rewrite)
+    held = dst.read_bytes()
+    assert held[:COPY_CHUNK] == b"a" * COPY_CHUNK and held[COPY_CHUNK:] == b"b" * 2 * COPY_CHUNK
+    assert crc == crc32c_of_bytes(held)
+
+
+def test_a_full_destination_is_a_write_error(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(_data(COPY_CHUNK))
+    s = os.open(src, os.O_RDONLY)
+    d = os.open("/dev/full", os.O_RDWR)
+    try:
+        with pytest.raises(WriteError) as e:
+            copy_with_crc(s, d)
+    finally:
+        os.close(s)
+        os.close(d)
+    assert e.value.errno == errno.ENOSPC
+
+
+def test_an_unreadable_source_is_not_a_write_error(tmp_path: Path) -> None:
+    s = os.open(tmp_path, os.O_RDONLY)  # a folder: neither sendfile nor pread can read it
+    d = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as e:
+            copy_with_crc(s, d)
+    finally:
+        os.close(s)
+        os.close(d)
+    assert not isinstance(e.value, WriteError)
+    assert e.value.errno == errno.EISDIR
