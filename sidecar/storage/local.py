@@ -29,7 +29,7 @@ from sidecar.storage.base import (
 )
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.keys import check_key
-from sidecar.storage.local_copy import WriteError, copy_with_crc
+from sidecar.storage.local_copy import WriteError, copy_with_crc, drop_cached
 
 __all__ = ["TMP_PREFIX", "LocalBackend"]
 
@@ -102,8 +102,9 @@ class LocalBackend(Backend):
             raise _wrap(e, f"publish {target}") from e
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
-        """Copy ``path`` to a temporary name (in the kernel where it can, bench/file_copy.md),
-        fsync it, rename it into place. The CRC32C is of the bytes the copy holds."""
+        """Copy ``path`` to a temporary name (in the kernel where it can, written back as it
+        goes, bench/file_copy.md), fsync it, rename it into place, and drop its pages from the
+        page cache. The CRC32C is of the bytes the copy holds."""
         target = self._path(key)
         tmp = self._tmp_beside(target)
         try:
@@ -113,11 +114,14 @@ class LocalBackend(Backend):
                 except OSError as e:
                     raise _wrap(e, f"write {tmp}") from e
                 try:
-                    size, crc = copy_with_crc(src.fileno(), dst, progress=progress)
+                    size, crc = copy_with_crc(
+                        src.fileno(), dst, progress=progress, write_behind=True
+                    )
                     try:
                         os.fsync(dst)
                     except OSError as e:
                         raise _wrap(e, f"fsync {target}") from e
+                    drop_cached(dst)
                 except WriteError as e:
                     raise _wrap(e, f"write {target}") from e
                 finally:

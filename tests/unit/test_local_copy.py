@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.storage.checksum import crc32c_of_bytes, crc32c_of_file
-from sidecar.storage.local_copy import COPY_CHUNK, WriteError, copy_with_crc
+from sidecar.storage.local import LocalBackend
+from sidecar.storage.local_copy import COPY_CHUNK, WRITE_BEHIND, WriteError, copy_with_crc
 
 
 def _data(n: int) -> bytes:
@@ -112,3 +113,28 @@ def test_an_unreadable_source_is_not_a_write_error(tmp_path: Path) -> None:
         os.close(d)
     assert not isinstance(e.value, WriteError)
     assert e.value.errno == errno.EISDIR
+
+
+def _cached(path: Path) -> bool:
+    """Whether the first page of ``path`` is in the page cache (a read that must not wait)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_put_file_leaves_no_second_image_in_the_page_cache(tmp_path: Path) -> None:
+    """A 10 GiB checkpoint copied to a mounted volume must not leave 10 GiB of the daemon's
+    page cache behind (charged to its memory cgroup): the copy is written back as it goes
+    and its pages are dropped once it is durable. The trainer's own file is left alone."""
+    src = tmp_path / "model.pt"
+    src.write_bytes(_data(3 * WRITE_BEHIND + 5))
+    LocalBackend(tmp_path / "dest").put_file("step_1/model.pt", src)
+    copy = tmp_path / "dest" / "step_1" / "model.pt"
+    assert not _cached(copy)
+    assert _cached(src)
+    assert copy.read_bytes() == src.read_bytes()
