@@ -28,8 +28,8 @@ from sidecar.storage.checksum import Crc32c
 __all__ = ["COPY_CHUNK", "WRITE_BEHIND", "WriteError", "copy_with_crc", "drop_cached"]
 
 #: bytes per piece: small enough that a piece is still in the CPU cache when it is read back
-#: (or, without the in-kernel copy, written out). With 1 MiB pieces the same copies cost
-#: 1.2-4x the CPU here (bench/file_copy.md).
+#: (or, without the in-kernel copy, written out). 1 MiB pieces cost 0.79-0.85 CPU-s/GB
+#: against 0.61-0.78 for 256 KiB (bench/file_copy.md, 2026-12-03 20:25).
 COPY_CHUNK = 256 * 1024
 #: with ``write_behind``, bytes copied between two requests to start write-back
 WRITE_BEHIND = 8 * 1024 * 1024
