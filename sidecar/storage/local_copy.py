@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 
 from sidecar.storage.base import Progress
 from sidecar.storage.checksum import Crc32c
@@ -33,6 +34,8 @@ __all__ = ["COPY_CHUNK", "WRITE_BEHIND", "WriteError", "copy_with_crc", "drop_ca
 COPY_CHUNK = 256 * 1024
 #: with ``write_behind``, bytes copied between two requests to start write-back
 WRITE_BEHIND = 8 * 1024 * 1024
+
+_local = threading.local()
 
 
 class WriteError(OSError):
@@ -51,8 +54,7 @@ def copy_with_crc(
     ``write_behind`` the caller should fsync and then call :func:`drop_cached`.
     """
     crc = Crc32c()
-    buf = bytearray(COPY_CHUNK)
-    view = memoryview(buf)
+    view = _buffer()
     offset = started = 0
     while True:
         try:
@@ -77,6 +79,15 @@ def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
     left as it is."""
     with contextlib.suppress(OSError, AttributeError):  # no posix_fadvise on macOS
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+def _buffer() -> memoryview:
+    """This thread's piece buffer, made once: a new zero-filled 256 KiB for each file cost
+    0.05 ms a file, 0.5 CPU-s for a checkpoint of 10,000 small files."""
+    view: memoryview | None = getattr(_local, "view", None)
+    if view is None:
+        view = _local.view = memoryview(bytearray(COPY_CHUNK))
+    return view
 
 
 def _read_back(dst: int, offset: int, into: memoryview) -> None:

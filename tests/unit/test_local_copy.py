@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,21 @@ def test_put_file_leaves_no_second_image_in_the_page_cache(tmp_path: Path) -> No
     assert not _cached(copy)
     assert _cached(src)
     assert copy.read_bytes() == src.read_bytes()
+
+
+def test_copies_on_several_threads_at_once_stay_apart(tmp_path: Path) -> None:
+    """The uploader pool copies several files at once; each thread's copy and CRC are its own."""
+    sources = []
+    for i in range(16):
+        p = tmp_path / f"src{i}.bin"
+        p.write_bytes(_data(8 * COPY_CHUNK + 1000 * i))
+        sources.append(p)
+
+    def one(p: Path) -> tuple[int, str]:
+        return _copy(p, p.with_suffix(".copy"))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, sources))
+    for p, got in zip(sources, results, strict=True):
+        assert p.with_suffix(".copy").read_bytes() == p.read_bytes()
+        assert got == (p.stat().st_size, crc32c_of_file(p))
