@@ -89,31 +89,32 @@ def test_a_source_rewritten_during_the_copy_gives_a_matching_crc(
     assert crc == crc32c_of_bytes(held)
 
 
-def test_a_full_destination_is_a_write_error(tmp_path: Path) -> None:
-    src = tmp_path / "src.bin"
-    src.write_bytes(_data(COPY_CHUNK))
+def _copy_error(src: Path | str, dst: Path | str, dst_flags: int) -> OSError:
+    """The OSError that copying ``src`` into ``dst`` (opened with ``dst_flags``) raises."""
     s = os.open(src, os.O_RDONLY)
-    d = os.open("/dev/full", os.O_RDWR)
-    try:
-        with pytest.raises(WriteError) as e:
-            copy_with_crc(s, d)
-    finally:
-        os.close(s)
-        os.close(d)
-    assert e.value.errno == errno.ENOSPC
-
-
-def test_an_unreadable_source_is_not_a_write_error(tmp_path: Path) -> None:
-    s = os.open(tmp_path, os.O_RDONLY)  # a folder: neither sendfile nor pread can read it
-    d = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    d = os.open(dst, dst_flags, 0o644)
     try:
         with pytest.raises(OSError) as e:
             copy_with_crc(s, d)
     finally:
         os.close(s)
         os.close(d)
-    assert not isinstance(e.value, WriteError)
-    assert e.value.errno == errno.EISDIR
+    return e.value
+
+
+def test_a_full_destination_is_a_write_error(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(_data(COPY_CHUNK))
+    err = _copy_error(src, "/dev/full", os.O_RDWR)
+    assert isinstance(err, WriteError)
+    assert err.errno == errno.ENOSPC
+
+
+def test_an_unreadable_source_is_not_a_write_error(tmp_path: Path) -> None:
+    # a folder: neither sendfile nor pread can read it
+    err = _copy_error(tmp_path, tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT)
+    assert not isinstance(err, WriteError)
+    assert err.errno == errno.EISDIR
 
 
 def _cached(path: Path) -> bool:
