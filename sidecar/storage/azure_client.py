@@ -31,9 +31,19 @@ from sidecar.storage.http_env import ca_bundle, read_env_once
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.url import DestinationUrl
 
-__all__ = ["AzureTarget", "build_container_client", "customer_key"]
+__all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
+    "READ_TIMEOUT_SECONDS",
+    "AzureTarget",
+    "build_container_client",
+    "customer_key",
+]
 
 _ENV_CONN = "AZURE_STORAGE_CONNECTION_STRING"
+
+#: Seconds to wait for a TCP connection, and for the next bytes of a response, per attempt.
+CONNECT_TIMEOUT_SECONDS = 10.0
+READ_TIMEOUT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,11 @@ def customer_key(opts: AzureOptions) -> CustomerProvidedEncryptionKey | None:
 
 def _transport(pool_size: int) -> RequestsTransport:
     """A requests session whose pool holds every block in flight (the default keeps 10);
-    it reads the environment's proxy and CA-bundle settings once (:mod:`.http_env`)."""
+    it reads the environment's proxy and CA-bundle settings once (:mod:`.http_env`).
+
+    The timeouts go here, not to the client: azure-core reads a client's
+    ``connection_timeout`` / ``read_timeout`` only when it builds the transport itself, so
+    with ours they were silently 300 s each."""
     session = requests.Session()
     adapter = HTTPAdapter(
         pool_connections=4,
@@ -84,7 +98,11 @@ def _transport(pool_size: int) -> RequestsTransport:
     session.mount("https://", adapter)
     # azure-core passes ``verify`` with every request, overriding the session's own
     return RequestsTransport(
-        session=session, session_owner=True, connection_verify=ca_bundle() or True
+        session=session,
+        session_owner=True,
+        connection_verify=ca_bundle() or True,
+        connection_timeout=CONNECT_TIMEOUT_SECONDS,
+        read_timeout=READ_TIMEOUT_SECONDS,
     )
 
 
@@ -109,8 +127,6 @@ def build_container_client(
     kwargs: dict[str, Any] = {
         "transport": transport,
         "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3),
-        "connection_timeout": 20,
-        "read_timeout": 120,
     }
     if opts.account and url.account and opts.account != url.account:
         raise PermanentError(

@@ -1,0 +1,62 @@
+"""A store behind a firewall that drops packets fails within our connect timeout, not the
+SDK's default (botocore 60 s per attempt, azure-core 300 s, capped by the kernel's ~127 s):
+an operator sees the error in seconds and a stop is not held for minutes.
+
+The timeouts are set to 1 s here so that the test is quick; the bound on the elapsed time is
+far below what each SDK's default would take, so the test fails if our setting is ignored.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pydantic import SecretStr
+
+from sidecar.config import DestinationConfig
+from sidecar.storage import azure_client, s3_client
+from sidecar.storage.azure import create as create_azure
+from sidecar.storage.base import StorageError
+from sidecar.storage.options import AzureOptions, S3Options
+from sidecar.storage.s3 import S3Backend
+from sidecar.storage.url import parse_destination
+from tests.servers.azurite import KEY
+from tests.servers.blackhole import blackhole
+
+
+def test_s3_gives_up_connecting_after_its_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(s3_client, "CONNECT_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    with blackhole() as url:
+        backend = S3Backend(
+            "ckpt", "run", S3Options(endpoint_url=url, region="us-east-1", addressing_style="path")
+        )
+        start = time.monotonic()
+        with pytest.raises(StorageError, match="cannot reach the endpoint"):
+            backend.check()
+        elapsed = time.monotonic() - start
+        backend.close()
+    assert elapsed < 30, f"2 attempts took {elapsed:.0f} s: botocore's 60 s connect timeout"
+
+
+def test_azure_gives_up_connecting_after_its_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(azure_client, "CONNECT_TIMEOUT_SECONDS", 1.0)
+    with blackhole() as url:
+        dest = DestinationConfig(
+            url="az://ckpt/run",
+            azure=AzureOptions(account_url=f"{url}/devstoreaccount1", account_key=SecretStr(KEY)),
+        )
+        backend = create_azure(parse_destination(dest.url), dest)
+        start = time.monotonic()
+        with pytest.raises(StorageError, match="could not be reached"):
+            backend.check()
+        elapsed = time.monotonic() - start
+        backend.close()
+    # 4 attempts of 1 s and about 12 s of backoff; azure-core's default is 4 x 127 s.
+    assert elapsed < 60, f"4 attempts took {elapsed:.0f} s: azure-core's 300 s connect timeout"
