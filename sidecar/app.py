@@ -1,14 +1,16 @@
 """The daemon: wires watcher -> queue -> committer (uploader pool) and owns the lifecycle.
 
-Threads: the watcher, one commit loop (one checkpoint at a time, its files in parallel on
-the pool), one loop for other files, the admin listener, the preemption poller. The main
-thread waits for a stop and handles signals: SIGTERM/SIGINT drain then exit,
-SIGUSR1 drains and keeps running. :meth:`Daemon.run` returns the exit status: 0, or 4 when
-a drain ended with the newest complete checkpoint not durable.
+Threads: start-up (the store calls before watching), the watcher, one commit loop (one
+checkpoint at a time, its files in parallel on the pool), one loop for other files, the
+admin listener, the preemption poller. The main thread waits for a stop and handles
+signals: SIGTERM/SIGINT drain then exit, SIGUSR1 drains and keeps running.
+:meth:`Daemon.run` returns the exit status: 0, or 4 when a drain ended with the newest
+complete checkpoint not durable.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from sidecar.state import StateCache
 from sidecar.storage.base import (
     Backend,
     Cancelled,
+    DestinationRejected,
     PermanentError,
     StorageError,
     TransientError,
@@ -133,6 +136,8 @@ class Daemon:
             poll_interval=cfg.watch.poll_interval_seconds,
         )
         self.lock = threading.Lock()
+        self._lifecycle = threading.Lock()  # start()'s stages vs shutdown()
+        self._start_error: BaseException | None = None
         self.current: CheckpointReady | None = None
         self.current_cancel = threading.Event()
         self.current_start_bytes = 0
@@ -192,6 +197,22 @@ class Daemon:
                 self.metrics.superseded.inc()
                 log.info("checkpoint.superseded", checkpoint=old.name, by=item.name)
         self.drain.on_ready(item)
+
+    def unwatched_checkpoints(self) -> list[str]:
+        """Before the watcher runs (start-up has not reached the store): the entries of the
+        watch folder that the layout takes for checkpoints, complete or not; nothing of them
+        was uploaded by this run, so none is known durable. Empty once watching."""
+        if self.health.watching:
+            return []
+        root = self.cfg.watch.path.absolute()
+        try:
+            names = [e.name for e in os.scandir(root)]
+        except OSError:
+            return []
+        tracker = self.watcher.tracker
+        return sorted(
+            n for n in names if (k := tracker.key_of(root / n)) and k[1] is EntryKind.CHECKPOINT
+        )
 
     @property
     def last_committed(self) -> dict[str, Any] | None:
@@ -328,7 +349,13 @@ class Daemon:
         self._threads.append(t)
 
     def start(self) -> None:
-        """Start every stage; returns once the watcher runs."""
+        """Start every stage; returns once the watcher runs, or early once a stop is asked.
+
+        The preemption poller starts first, so a notice during a slow start-up still tells
+        the trainer. The store calls (check, stale-upload cleanup, catalog) run without the
+        lifecycle lock, so :meth:`shutdown` never waits for them; the stages start under it,
+        so a shutdown either sees them started or they never start.
+        Raises :class:`DestinationRejected` from the destination check."""
         cfg = self.cfg
         log.info(
             "daemon.starting",
@@ -338,30 +365,49 @@ class Daemon:
             mode=self.mode,
             layout=cfg.checkpoint.layout,
         )
+        clear_stale_notice(cfg.watch.path)
+        with self._lifecycle:
+            if self.stop_event.is_set():
+                return
+            self.poller.start()
+        self._check_destination()
         try:
             removed = self.backend.cleanup_stale(cfg.upload.stale_multipart_hours * 3600)
             if removed:
                 log.info("storage.stale_uploads_removed", count=removed)
         except StorageError as e:
             log.warning("storage.cleanup_failed", error=str(e))
-        clear_stale_notice(cfg.watch.path)
         if not self._load_catalog():
             return
-        self.watcher.start()
-        self.health.watching = True
-        self._start_thread("commit", self._commit_loop)
-        others = OtherFilesLoop(
-            self.backend,
-            self.queue,
-            self.catalog,
-            self.metrics,
-            self.backoff,
-            self.stop_event,
-            on_failure=lambda item, e: self._failed(item, "other_file", e),
-        )
-        self._start_thread("other-files", others.run)
-        self.poller.start()
+        with self._lifecycle:
+            if self.stop_event.is_set():
+                return
+            self.watcher.start()
+            self.health.watching = True
+            self._start_thread("commit", self._commit_loop)
+            others = OtherFilesLoop(
+                self.backend,
+                self.queue,
+                self.catalog,
+                self.metrics,
+                self.backoff,
+                self.stop_event,
+                on_failure=lambda item, e: self._failed(item, "other_file", e),
+            )
+            self._start_thread("other-files", others.run)
         log.info("daemon.ready", watch=str(cfg.watch.path.absolute()), destination=self.backend.url)
+
+    def _check_destination(self) -> None:
+        """Log what the destination check finds; only a rejection (``allowed_regions``)
+        stops start-up. An unreachable or refusing store is retried by the catalog load."""
+        try:
+            self.backend.check()
+        except DestinationRejected:
+            raise
+        except PermanentError as e:
+            log.error("storage.permanent_error", operation="check destination", error=str(e))
+        except StorageError as e:
+            log.warning("storage.unavailable", operation="check destination", error=str(e))
 
     def _on_notice(self, notice: Notice) -> None:
         """From a cloud or trigger-file source: drain on its own thread, keep running (the
@@ -388,16 +434,34 @@ class Daemon:
         self._main_wait.install()
 
     def run(self) -> int:
-        """Run until stopped (install signal handlers first); the exit status."""
-        self.start()
+        """Run until stopped (install signal handlers first); the exit status.
+
+        Start-up runs on its own thread: a store that does not answer holds only that
+        thread, so a signal still drains and the process exits within the grace period.
+        Re-raises what start-up raised (:class:`DestinationRejected`, a bug) once stopped."""
+        starter = threading.Thread(target=self._start_or_stop, name="startup", daemon=True)
+        starter.start()
         self._main_wait.wait(self.stop_event)
-        return self.shutdown()
+        code = self.shutdown()
+        if self._start_error is not None:
+            raise self._start_error
+        return code
+
+    def _start_or_stop(self) -> None:
+        try:
+            self.start()
+        except BaseException as e:  # re-raised on the main thread by run()
+            self._start_error = e
+            self.request_stop()
 
     def shutdown(self) -> int:
+        """Stop every stage and return the exit status. Does not wait for a start-up that
+        is still talking to the store: its thread dies with the process."""
         self.stop_event.set()
-        self.poller.stop()
-        self.queue.close()
-        self.watcher.stop()
+        with self._lifecycle:
+            self.poller.stop()
+            self.queue.close()
+            self.watcher.stop()
         for t in self._threads:
             t.join(timeout=5)
         self.pool.close()

@@ -1,5 +1,6 @@
-"""``ckpt-sidecar run``: checks that need the machine (watch path, destination, admin port),
-then the daemon. Anything wrong before start exits 2 with the cause and the fix."""
+"""``ckpt-sidecar run``: checks that need the machine (watch path, admin port), then the
+daemon, whose start-up checks the destination. Anything wrong before start exits 2 with the
+cause and the fix; so does a destination outside ``allowed_regions``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from sidecar.admin import AdminServer
 from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.preemption.sources import build_sources
-from sidecar.storage.base import DestinationRejected, PermanentError, StorageError
 from sidecar.storage.registry import open_backend
 
 __all__ = ["StartupError", "run_daemon"]
@@ -62,14 +62,6 @@ def run_daemon(cfg: Config) -> int:
     backend = open_backend(cfg.destination)
     daemon = Daemon(cfg, backend, sources=sources)
     daemon.install_signal_handlers()
-    try:
-        backend.check()
-    except DestinationRejected:
-        raise
-    except PermanentError as e:
-        log.error("storage.permanent_error", operation="check destination", error=str(e))
-    except StorageError as e:
-        log.warning("storage.unavailable", operation="check destination", error=str(e))
     admin = None
     if cfg.admin.enabled:
         token = cfg.admin.token.get_secret_value() if cfg.admin.token else None
