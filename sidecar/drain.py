@@ -3,7 +3,9 @@ wait until it is durable or the deadline passes, and report the outcome.
 
 Guarantees: one notice is handled once (by event id); only checkpoints not yet started are
 superseded, and a started one is cancelled only when it is not the one the drain chose;
-``exit_code`` is 0 when the newest complete checkpoint is durable at the end, 4 otherwise.
+``exit_code`` is 0 when the newest complete checkpoint is durable at the end, 4 otherwise;
+also 4 when start-up never reached the store and the watch folder holds checkpoints (none of
+them is known durable).
 """
 
 from __future__ import annotations
@@ -173,6 +175,14 @@ class DrainController:
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
         missing = self.d.pending.names()
+        if unwatched := self.d.unwatched_checkpoints():
+            log.error(
+                "drain.unverified",
+                checkpoints=unwatched,
+                reason="start-up never reached the destination, so the watch folder was not "
+                "uploaded; none of these is known durable",
+            )
+            missing = sorted(set(missing) | set(unwatched))
         durable = not missing
         outcome = "committed" if durable else "missed"
         used = time.monotonic() - started
