@@ -442,10 +442,10 @@ class Daemon:
         starter = threading.Thread(target=self._start_or_stop, name="startup", daemon=True)
         starter.start()
         self._main_wait.wait(self.stop_event)
-        code = self.shutdown()
         if self._start_error is not None:
+            self._stop_stages()
             raise self._start_error
-        return code
+        return self.shutdown()
 
     def _start_or_stop(self) -> None:
         try:
@@ -455,8 +455,15 @@ class Daemon:
             self.request_stop()
 
     def shutdown(self) -> int:
-        """Stop every stage and return the exit status. Does not wait for a start-up that
-        is still talking to the store: its thread dies with the process."""
+        """Stop every stage, log ``daemon.stopped`` and return the exit status."""
+        self._stop_stages()
+        code = self.drain.exit_code
+        log.info("daemon.stopped", exit_code=code)
+        return code
+
+    def _stop_stages(self) -> None:
+        """Does not wait for a start-up that is still talking to the store: its thread dies
+        with the process."""
         self.stop_event.set()
         with self._lifecycle:
             self.poller.stop()
@@ -467,9 +474,6 @@ class Daemon:
         self.pool.close()
         self.cache.save()
         self.backend.close()
-        code = self.drain.exit_code
-        log.info("daemon.stopped", exit_code=code)
-        return code
 
     def request_stop(self) -> None:
         self.stop_event.set()

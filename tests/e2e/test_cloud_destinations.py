@@ -106,3 +106,24 @@ def test_s3_on_seaweedfs_with_only_aws_environment(
     watch, _ = dirs
     url = f"s3://{new_bucket(s3_server, 'e2e')}/run-1/node-0"
     round_trip(watch, url, s3_server.env(), tmp_path, daemons, secret=s3_server.secret_key)
+
+
+def test_bucket_outside_allowed_regions_exits_2_before_watching(
+    dirs: tuple[Path, Path], daemons: list[Daemon], s3_server: S3Server
+) -> None:
+    from tests.servers.seaweedfs import new_bucket
+
+    watch, _ = dirs
+    write_atomic(watch / "step_1.pt", os.urandom(1024))
+    d = Daemon(
+        watch,
+        f"s3://{new_bucket(s3_server, 'e2e')}/run-1",
+        env={**s3_server.env(), "CKPT_SIDECAR_DESTINATION__ALLOWED_REGIONS": "ca-central-1"},
+    )
+    daemons.append(d)
+    assert d.proc.wait(timeout=60) == 2
+    d.close()
+    text = "".join(d.raw)
+    assert s3_server.region in text and "ca-central-1" in text, text
+    assert d.named("daemon.ready") == [] and d.named("checkpoint.ready") == []
+    assert d.named("daemon.stopped") == []  # no exit status logged other than the real one
