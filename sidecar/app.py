@@ -10,7 +10,6 @@ complete checkpoint not durable.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,22 +196,6 @@ class Daemon:
                 self.metrics.superseded.inc()
                 log.info("checkpoint.superseded", checkpoint=old.name, by=item.name)
         self.drain.on_ready(item)
-
-    def unwatched_checkpoints(self) -> list[str]:
-        """Before the watcher runs (start-up has not reached the store): the entries of the
-        watch folder that the layout takes for checkpoints, complete or not; nothing of them
-        was uploaded by this run, so none is known durable. Empty once watching."""
-        if self.health.watching:
-            return []
-        root = self.cfg.watch.path.absolute()
-        try:
-            names = [e.name for e in os.scandir(root)]
-        except OSError:
-            return []
-        tracker = self.watcher.tracker
-        return sorted(
-            n for n in names if (k := tracker.key_of(root / n)) and k[1] is EntryKind.CHECKPOINT
-        )
 
     @property
     def last_committed(self) -> dict[str, Any] | None:

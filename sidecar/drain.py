@@ -157,6 +157,23 @@ class DrainController:
         with self.d.lock:
             return n == 0 and self.d.current is None and not self.d.pending.names()
 
+    def _unwatched(self) -> list[str]:
+        """Before the watcher runs (start-up has not reached the store): the entries of the
+        watch folder that the layout takes for checkpoints, complete or not; this run
+        uploaded none of them. Empty once watching."""
+        if self.d.health.watching:
+            return []
+        tracker = self.d.watcher.tracker
+        try:
+            names = [e.name for e in os.scandir(tracker.root)]
+        except OSError:
+            return []
+        return sorted(
+            n
+            for n in names
+            if (k := tracker.key_of(tracker.root / n)) and k[1] is EntryKind.CHECKPOINT
+        )
+
     def _wait_and_report(self, exit_after: bool) -> None:
         assert self.notice is not None
         started = time.monotonic()
@@ -175,14 +192,14 @@ class DrainController:
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
         missing = self.d.pending.names()
-        if unwatched := self.d.unwatched_checkpoints():
+        if unwatched := self._unwatched():  # nothing was pending then
             log.error(
                 "drain.unverified",
                 checkpoints=unwatched,
                 reason="start-up never reached the destination, so the watch folder was not "
                 "uploaded; none of these is known durable",
             )
-            missing = sorted(set(missing) | set(unwatched))
+            missing = unwatched
         durable = not missing
         outcome = "committed" if durable else "missed"
         used = time.monotonic() - started
