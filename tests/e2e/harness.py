@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,15 @@ class Daemon:
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def admin_get(port: int, path: str) -> tuple[int, bytes]:
+    """GET ``path`` on the daemon's admin port: the status and the body, also for 4xx/5xx."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -10,17 +10,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.e2e.harness import Daemon, scrape, write_atomic
+from tests.e2e.harness import Daemon, admin_get, scrape, write_atomic
 
 TOKEN = "tkn-8c1f0e7d-never-logged"
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def _post(port: int, path: str, body: bytes = b"") -> int:
@@ -73,7 +65,7 @@ def test_metrics_move_with_uploads_and_unprotected_seconds(
     drained = scrape(port)
     assert drained["ckpt_sidecar_drains_total{outcome=committed}"] == 1
     assert drained["ckpt_sidecar_notices_total{kind=usr1,source=signal}"] == 1
-    status = json.loads(_get(port, "/v1/status")[1])
+    status = json.loads(admin_get(port, "/v1/status")[1])
     assert status["state"] == "draining" and status["notice"]["source"] == "signal"
     assert (watch / ".ckpt-sidecar-notice.json").is_file()
     assert d.proc.poll() is None
@@ -88,15 +80,15 @@ def test_endpoints_and_methods(dirs: tuple[Path, Path], daemons: list[Daemon]) -
     daemons.append(d)
     d.wait_for("daemon.ready")
     port = d.admin_port
-    assert _get(port, "/healthz")[0] == 200
-    code, body = _get(port, "/readyz")
+    assert admin_get(port, "/healthz")[0] == 200
+    code, body = admin_get(port, "/readyz")
     assert code == 200 and json.loads(body)["ready"] is True
-    assert _get(port, "/nope")[0] == 404
-    assert _get(port, "/v1/drain")[0] == 405
+    assert admin_get(port, "/nope")[0] == 404
+    assert admin_get(port, "/v1/drain")[0] == 405
     assert _post(port, "/metrics") == 405
     assert _post(port, "/v1/flush", b"x" * (65 * 1024)) == 413
     assert _post(port, "/v1/flush") == 202
-    status = json.loads(_get(port, "/v1/status")[1])
+    status = json.loads(admin_get(port, "/v1/status")[1])
     assert {"state", "notice", "queue", "in_flight", "last_committed"} <= set(status)
     assert d.terminate() == 0
 
@@ -115,7 +107,7 @@ def test_readyz_reports_a_permanent_error(tmp_path: Path, daemons: list[Daemon])
         daemons.append(d)
         d.wait_for("storage.permanent_error")
         port = d.admin_port
-        code, body = _get(port, "/readyz")
+        code, body = admin_get(port, "/readyz")
         assert code == 503 and json.loads(body)["problems"]
         assert d.terminate() in (0, 4)
     finally:

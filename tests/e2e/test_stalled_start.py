@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Daemon, write_atomic
+from tests.e2e.harness import Daemon, admin_get, write_atomic
 from tests.servers.blackhole import blackhole
 
 GRACE = 10.0  # seconds from SIGTERM to the drain deadline
@@ -44,14 +42,6 @@ def _stalled_daemon(watch: Path, daemons: list[Daemon], endpoint: str) -> Daemon
     return d
 
 
-def _readyz(port: int) -> tuple[int, dict[str, object]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
-
-
 def _stop_and_check_deadline(d: Daemon) -> int:
     d.proc.send_signal(signal.SIGTERM)
     started = d.wait_for("drain.started", timeout=10)
@@ -70,8 +60,8 @@ def test_checkpoint_present_exits_4_before_the_deadline(
     watch, _ = dirs
     write_atomic(watch / "step_1.pt", os.urandom(1024))
     d = _stalled_daemon(watch, daemons, dropped)
-    status, body = _readyz(d.admin_port)
-    assert status == 503 and "destination not reachable yet" in body["problems"]  # type: ignore[operator]
+    status, body = admin_get(d.admin_port, "/readyz")
+    assert status == 503 and "destination not reachable yet" in json.loads(body)["problems"]
     rc = _stop_and_check_deadline(d)
     assert rc == 4
     unverified = d.wait_for("drain.unverified", timeout=5)
