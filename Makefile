@@ -33,7 +33,7 @@ test: $(STAMP) $(if $(wildcard package.json),node_modules/.installed)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	PATH="$(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider --durations=20
+	PATH="$(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV) node_modules .ckpt-remote

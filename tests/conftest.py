@@ -34,3 +34,13 @@ def daemons() -> Iterator[list[Daemon]]:
     yield started
     for d in started:
         d.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that hold a test marked ``slow`` or ``wheel`` (20 s or more) run first, in their
+    own order: ``make test`` spreads files over two workers (``-n 2 --dist loadfile``), and a
+    long file left to the end would run alone while the other worker waits."""
+    long_files = {
+        i.path for i in items if i.get_closest_marker("slow") or i.get_closest_marker("wheel")
+    }
+    items.sort(key=lambda i: i.path not in long_files)

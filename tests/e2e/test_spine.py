@@ -237,6 +237,7 @@ def test_name_written_again_becomes_a_generation(
     assert (tmp_path / "t" / "last.ckpt").read_bytes() == second
 
 
+@pytest.mark.slow
 def test_sigkill_trials_converge(
     dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
 ) -> None:

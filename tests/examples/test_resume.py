@@ -213,6 +213,7 @@ def job_parts(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "dcp"])
 def test_sigkill_then_spot_notice_resumes_bit_exact(
     name: str, tmp_path: Path, references: References, job_parts: dict[str, Any]
@@ -235,6 +236,7 @@ def test_s3_spot_notice_emergency_checkpoint_comes_back_byte_exact(
     job.restored("machine-b", stopped, written_on="machine-a")
 
 
+@pytest.mark.slow
 def test_s3_sigkill_then_spot_notice_resumes_bit_exact(
     s3_env: S3Server, tmp_path: Path, references: References, job_parts: dict[str, Any]
 ) -> None:

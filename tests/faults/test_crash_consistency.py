@@ -8,6 +8,8 @@ import signal
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.harness import (
     Daemon,
     assert_invariant,
@@ -28,6 +30,7 @@ def _checkpoint(watch: Path, step: int, rng: random.Random) -> None:
     os.replace(tmp, watch / f"step_{step}")
 
 
+@pytest.mark.slow
 def test_kills_during_commits_and_retention_keep_every_manifest_true(
     dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
 ) -> None:

@@ -78,6 +78,7 @@ def test_watched_folder_deleted_and_recreated(
     assert d.terminate() == 0
 
 
+@pytest.mark.slow
 def test_checkpoint_of_ten_thousand_small_files(
     dirs: tuple[Path, Path],
     daemons: list[Daemon],

@@ -96,6 +96,7 @@ def assert_recovered(
     assert (target / newest).read_bytes() == written[newest]
 
 
+@pytest.mark.slow
 def test_a_sixty_second_outage(
     dirs: tuple[Path, Path],
     daemons: list[Daemon],
