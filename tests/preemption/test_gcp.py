@@ -68,7 +68,7 @@ def test_preemption_arrives_at_once_through_wait_for_change(
     assert notice is not None
     assert (notice.source, notice.kind, notice.drain) == ("gcp", "preempt", True)
     assert gcp_metadata.flipped_at is not None
-    assert returned_at[0] - gcp_metadata.flipped_at < 0.5  # not the 30 s timeout_sec
+    assert returned_at[0] - gcp_metadata.flipped_at < 2.0  # not the 30 s timeout_sec
     assert 29 < notice.deadline_mono - time.monotonic() <= 30
     assert abs(notice.deadline - notice.received_at - 30) < 0.01
 

@@ -138,7 +138,7 @@ def test_stop_is_prompt_between_polls(aws_metadata: FakeAwsMetadata) -> None:
     _until(lambda: poller.health()[0].polls == 1)
     started = time.monotonic()
     assert poller.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # not the 60 s interval
 
 
 def test_stop_from_inside_the_callback_does_not_deadlock(aws_metadata: FakeAwsMetadata) -> None:
