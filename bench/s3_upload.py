@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/s3_upload.py [--runs 3] [--file-mib 2048] [--files 100]
         [--tools ours,crt,boto3,awscli,s5cmd,rclone] [--markdown]
+        [--tools ours,ours@16x3]   # ours@PARTxSLOTS: 16 MiB parts, 3 in flight
 
 Data: one large file of random bytes and a checkpoint folder of ``--files`` files of
 1-64 MiB (sizes from a fixed seed). Every (tool, data set, run) uploads into a fresh
@@ -53,11 +54,13 @@ def _files_of(src: Path) -> list[tuple[Path, str]]:
     ]
 
 
-def child_ours(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+def child_ours(src: Path, bucket: str, prefix: str, part_mib: int, slots: int | None) -> None:
     from sidecar.storage.options import S3Options
     from sidecar.storage.s3 import S3Backend
 
     opts = S3Options(part_size_bytes=part_mib * MiB, multipart_threshold_bytes=part_mib * MiB)
+    if slots is not None:
+        opts = opts.model_copy(update={"part_concurrency": slots})
     backend = S3Backend(bucket, prefix, opts)
     setup_done()
     with ThreadPoolExecutor(FILE_CONCURRENCY) as pool:
@@ -65,7 +68,7 @@ def child_ours(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
     backend.close()
 
 
-def child_crt(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+def child_crt(src: Path, bucket: str, prefix: str, part_mib: int, _: int | None) -> None:
     import botocore.session
     from s3transfer.crt import (
         BotocoreCRTCredentialsWrapper,
@@ -97,7 +100,7 @@ def child_crt(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
             f.result()
 
 
-def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
+def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int, _: int | None) -> None:
     import boto3
     from boto3.s3.transfer import TransferConfig
 
@@ -118,7 +121,7 @@ def child_boto3(src: Path, bucket: str, prefix: str, part_mib: int) -> None:
         list(pool.map(put, _files_of(src)))
 
 
-CHILDREN: dict[str, Callable[[Path, str, str, int], None]] = {
+CHILDREN: dict[str, Callable[[Path, str, str, int, int | None], None]] = {
     "ours": child_ours,
     "crt": child_crt,
     "boto3": child_boto3,
@@ -153,6 +156,9 @@ def command(
 ) -> list[str] | None:
     """The command line of one upload, or None when the tool is not installed."""
     dest = f"s3://{bucket}/{prefix}/"
+    if tool.startswith("ours@"):  # ours@PARTxSLOTS: our backend with other part settings
+        spec = tool.partition("@")[2]
+        return [sys.executable, __file__, "--child", "ours", str(src), bucket, prefix, spec]
     if tool in CHILDREN:
         return [sys.executable, __file__, "--child", tool, str(src), bucket, prefix, str(part_mib)]
     if tool == "awscli":
@@ -223,13 +229,18 @@ def main() -> int:
     ap.add_argument("--file-mib", type=int, default=2048)
     ap.add_argument("--files", type=int, default=100)
     ap.add_argument("--part-mib", type=int, default=8)
-    ap.add_argument("--tools", default=",".join(ALL_TOOLS))
+    ap.add_argument(
+        "--tools",
+        default=",".join(ALL_TOOLS),
+        help="comma-separated; ours@PARTxSLOTS is our backend with PART MiB parts, SLOTS at once",
+    )
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--child", nargs=5, metavar=("TOOL", "SRC", "BUCKET", "PREFIX", "PART_MIB"))
     args = ap.parse_args()
     if args.child:
         tool, src, bucket, prefix, part = args.child
-        CHILDREN[tool](Path(src), bucket, prefix, int(part))
+        mib, _, slots = part.partition("x")
+        CHILDREN[tool](Path(src), bucket, prefix, int(mib), int(slots) if slots else None)
         return 0
 
     from bench._common import measure_child
@@ -260,7 +271,7 @@ def main() -> int:
             nbytes = sum(p.stat().st_size for p, _ in _files_of(src))
             for run in range(args.runs):
                 for tool in args.tools.split(","):
-                    bucket = new_bucket(server, f"bench-{tool}")
+                    bucket = new_bucket(server, f"bench-{tool.replace('@', '-')}")
                     cmd = command(tool, src, bucket, "run", server.endpoint_url, args.part_mib)
                     if cmd is None:
                         missing.append(tool)
