@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from sidecar.heap import give_back_free_memory
 from sidecar.manifest import ManifestFile
 from sidecar.metrics import Metrics
 from sidecar.model import FileEntry, FileState
@@ -36,6 +37,9 @@ __all__ = ["FileChanged", "FileJob", "UploadResult", "UploaderPool"]
 
 log = structlog.get_logger("sidecar.upload")
 PROGRESS_LOG_SECONDS = 10.0
+#: After a file at least this large went up (or failed), its buffers are free: give the
+#: allocator's free pages back, so buffers of many sizes do not add up (sidecar/heap.py).
+GIVE_BACK_AFTER_BYTES = 1024 * 1024
 
 
 class FileChanged(Exception):
@@ -150,6 +154,8 @@ class UploaderPool:
             with self._lock:
                 sent, _ = self.in_flight.pop(job.key, (0, 0))
             self.metrics.in_flight_bytes.dec(sent)
+            if before.size >= GIVE_BACK_AFTER_BYTES:
+                give_back_free_memory()
         after = state_of(os.lstat(path))
         if after != before or info.size != before.size or info.crc32c is None:
             self.metrics.files_uploaded.labels(self.backend.scheme, "changed").inc()
