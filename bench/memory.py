@@ -1,8 +1,10 @@
 """Peak RSS of the daemon, default settings, while it uploads a 10 GiB checkpoint.
 
-Checkpoints: one 10 GiB file ``step_1.pt`` and a folder ``step_2`` of 4 files of 2.5 GiB,
-written beforehand outside the watch folder (deterministic bytes, temp name then rename) and
-renamed in once the daemon is ready. Destinations (``--backends``): ``file://`` (a folder on
+Checkpoints (``--shapes``): ``one``: a 10 GiB file ``step_1.pt``; ``four``: a folder
+``step_2`` of 4 files of 2.5 GiB; ``mixed``: a folder ``step_3`` of files of 1-64 MiB (whole
+MiB, sizes from a fixed seed, the last one cut to make the total). Each is written beforehand
+outside the watch folder (deterministic bytes, temp name then rename) and renamed in once the
+daemon is ready. Destinations (``--backends``): ``file://`` (a folder on
 the same disk), S3 on a local SeaweedFS, Azure Blob on a local Azurite persisting to disk, and
 GCS on a local emulator. A fresh server per run. RSS of the daemon and its children is sampled
 with psutil every 50 ms from ``daemon.ready`` to ``checkpoint.committed``; the server's RSS
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -59,11 +62,26 @@ TARGET_MB = 150
 DEFAULT_SETTLE = 1.0
 
 
+def mixed_sizes(total: int) -> list[int]:
+    """Sizes of 1-64 MiB from a fixed seed adding up to ``total``: the ``mixed`` shape."""
+    rng = random.Random(3)
+    sizes: list[int] = []
+    while (left := total - sum(sizes)) > 0:
+        sizes.append(min(left, rng.randint(1, 64) * MiB))
+    return sizes
+
+
 def make(shape: str, stage: Path, total: int) -> Path:
     if shape == "one":
         p = stage / "step_1.pt"
         write_file(p, total, seed=7)
         return p
+    if shape == "mixed":
+        folder = stage / "step_3"
+        folder.mkdir()
+        for i, size in enumerate(mixed_sizes(total)):
+            write_file(folder / f"shard_{i:03d}.bin", size, seed=300 + i)
+        return folder
     folder = stage / "step_2"
     folder.mkdir()
     for i in range(4):
@@ -74,6 +92,8 @@ def make(shape: str, stage: Path, total: int) -> Path:
 def label(shape: str, total: int) -> str:
     if shape == "one":
         return f"1 x {total / GiB:g} GiB file"
+    if shape == "mixed":
+        return f"{len(mixed_sizes(total))} files of 1-64 MiB, {total / GiB:g} GiB"
     return f"4 x {total / 4 / GiB:g} GiB folder"
 
 
@@ -124,7 +144,7 @@ def one_run(
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backends", default="s3,file", help="of file, s3, gcs, azure")
-    p.add_argument("--shapes", default="one,four")
+    p.add_argument("--shapes", default="one,four", help="of one, four, mixed")
     p.add_argument("--gib", type=float, default=10.0)
     p.add_argument(
         "--gcs-gib",
