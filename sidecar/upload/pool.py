@@ -37,9 +37,11 @@ __all__ = ["FileChanged", "FileJob", "UploadResult", "UploaderPool"]
 
 log = structlog.get_logger("sidecar.upload")
 PROGRESS_LOG_SECONDS = 10.0
-#: After a file at least this large went up (or failed), its buffers are free: give the
-#: allocator's free pages back, so buffers of many sizes do not add up (sidecar/heap.py).
-GIVE_BACK_AFTER_BYTES = 1024 * 1024
+#: Once this many bytes went up (or failed) since the last time, their buffers are free: give
+#: the allocator's free pages back, so buffers of many sizes do not add up (sidecar/heap.py).
+#: Not after every file: a trim between uploads cost 0.03-0.5 ms of CPU here (median to 90th
+#: percentile, 1 to 4 upload threads), which after every 1 MiB file would be 0.03-0.1 CPU-s/GB.
+GIVE_BACK_EVERY_BYTES = 8 * 1024 * 1024
 
 
 class FileChanged(Exception):
@@ -87,6 +89,7 @@ class UploaderPool:
         self.in_flight: dict[str, tuple[int, int]] = {}  # key -> (bytes sent, size)
         self.meter = ThroughputMeter()
         self._lock = threading.Lock()
+        self._since_give_back = 0  # bytes; races between workers are harmless
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -154,8 +157,7 @@ class UploaderPool:
             with self._lock:
                 sent, _ = self.in_flight.pop(job.key, (0, 0))
             self.metrics.in_flight_bytes.dec(sent)
-            if before.size >= GIVE_BACK_AFTER_BYTES:
-                give_back_free_memory()
+            self._give_back(before.size)
         after = state_of(os.lstat(path))
         if after != before or info.size != before.size or info.crc32c is None:
             self.metrics.files_uploaded.labels(self.backend.scheme, "changed").inc()
@@ -166,6 +168,12 @@ class UploaderPool:
         self.cache.put(path, before, info.crc32c)
         log.debug("upload.done", key=job.key, size=info.size)
         return UploadResult(job.file.rel, job.key, info.size, info.crc32c, copied=False)
+
+    def _give_back(self, size: int) -> None:
+        self._since_give_back += size
+        if self._since_give_back >= GIVE_BACK_EVERY_BYTES:
+            self._since_give_back = 0
+            give_back_free_memory()
 
     def _try_copy(self, job: FileJob, state: FileState) -> UploadResult | None:
         ref = job.reference
