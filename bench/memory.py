@@ -66,8 +66,10 @@ def mixed_sizes(total: int) -> list[int]:
     """Sizes of 1-64 MiB from a fixed seed adding up to ``total``: the ``mixed`` shape."""
     rng = random.Random(3)
     sizes: list[int] = []
-    while (left := total - sum(sizes)) > 0:
+    left = total
+    while left > 0:
         sizes.append(min(left, rng.randint(1, 64) * MiB))
+        left -= sizes[-1]
     return sizes
 
 

@@ -21,13 +21,11 @@ import resource
 import statistics
 from typing import Any
 
-from bench._common import MiB, Report, md_table, s3_env, seaweedfs
+from bench._common import KiB, MiB, Report, md_table, s3_env, seaweedfs
 from sidecar.storage import s3_client
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.options import S3Options
 from tests.servers.seaweedfs import new_bucket
-
-KiB = 1024
 
 
 def _cpu() -> float:

@@ -156,11 +156,10 @@ def command(
 ) -> list[str] | None:
     """The command line of one upload, or None when the tool is not installed."""
     dest = f"s3://{bucket}/{prefix}/"
-    if tool.startswith("ours@"):  # ours@PARTxSLOTS: our backend with other part settings
-        spec = tool.partition("@")[2]
-        return [sys.executable, __file__, "--child", "ours", str(src), bucket, prefix, spec]
-    if tool in CHILDREN:
-        return [sys.executable, __file__, "--child", tool, str(src), bucket, prefix, str(part_mib)]
+    name, _, spec = tool.partition("@")  # ours@PARTxSLOTS: our backend, other part settings
+    if name in CHILDREN:
+        spec = spec or str(part_mib)
+        return [sys.executable, __file__, "--child", name, str(src), bucket, prefix, spec]
     if tool == "awscli":
         aws = shutil.which("aws")
         if not aws:
@@ -235,7 +234,7 @@ def main() -> int:
         help="comma-separated; ours@PARTxSLOTS is our backend with PART MiB parts, SLOTS at once",
     )
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--child", nargs=5, metavar=("TOOL", "SRC", "BUCKET", "PREFIX", "PART_MIB"))
+    ap.add_argument("--child", nargs=5, metavar=("TOOL", "SRC", "BUCKET", "PREFIX", "PART"))
     args = ap.parse_args()
     if args.child:
         tool, src, bucket, prefix, part = args.child
