@@ -99,6 +99,12 @@ def label(shape: str, total: int) -> str:
     return f"4 x {total / 4 / GiB:g} GiB folder"
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat``, field 10)."""
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    return int(stat.rpartition(")")[2].split()[7])
+
+
 def one_run(
     src: Path, work: Path, kind: str, server: Store, extra: dict[str, str]
 ) -> dict[str, Any]:
@@ -114,11 +120,13 @@ def one_run(
         rss_ready = proc.memory_info().rss
         sampler = RssSampler(d.proc.pid)
         cpu0 = tree_cpu(proc)
+        faults0 = minor_faults(d.proc.pid)
         os.rename(src, watch / src.name)
         t_done = time.time()
         try:
             ev = d.wait_for("checkpoint.committed", timeout=3600, where=checkpoint_is(src.name))
             cpu = tree_cpu(proc) - cpu0
+            faults = minor_faults(d.proc.pid) - faults0
         finally:
             peak = sampler.stop()
             server_peak = server_rss.stop() if server_rss is not None else 0
@@ -133,6 +141,7 @@ def one_run(
             "upload_s": round(seconds, 1),
             "mb_per_s": round(size / 1e6 / seconds, 1),
             "cpu_s_per_gb": round(cpu / (size / 1e9), 2),
+            "minor_faults_per_gb": round(faults / (size / 1e9)),
             "server_peak_rss_mb": round(server_peak / 1e6, 1) if server_rss else None,
         }
     finally:
@@ -211,6 +220,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             r["upload_s"],
             r["mb_per_s"],
             r["cpu_s_per_gb"],
+            "" if r.get("minor_faults_per_gb") is None else f"{r['minor_faults_per_gb']:,}",
             "" if r.get("server_peak_rss_mb") is None else r["server_peak_rss_mb"],
             f"<= {TARGET_MB}: " + ("met" if r["peak_rss_mb"] <= TARGET_MB else "**not met**"),
         ]
@@ -225,6 +235,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             "upload s",
             "MB/s",
             "CPU-s/GB",
+            "minor faults/GB",
             "server peak RSS MB",
             "target",
         ],
