@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.heap import give_back_free_memory
+from sidecar.heap import give_back_free_memory, resident_bytes
 from sidecar.manifest import ManifestFile
 from sidecar.metrics import Metrics
 from sidecar.model import FileEntry, FileState
@@ -37,11 +37,12 @@ __all__ = ["FileChanged", "FileJob", "UploadResult", "UploaderPool"]
 
 log = structlog.get_logger("sidecar.upload")
 PROGRESS_LOG_SECONDS = 10.0
-#: Once this many bytes went up (or failed) since the last time, their buffers are free: give
-#: the allocator's free pages back, so buffers of many sizes do not add up (sidecar/heap.py).
-#: Not after every file: a trim between uploads cost 0.03-0.5 ms of CPU here (median to 90th
-#: percentile, 1 to 4 upload threads), which after every 1 MiB file would be 0.03-0.1 CPU-s/GB.
-GIVE_BACK_EVERY_BYTES = 8 * 1024 * 1024
+#: Each time this many bytes went up (or failed), the uploader looks at its resident memory...
+CHECK_MEMORY_EVERY_BYTES = 8 * 1024 * 1024
+#: ... and above this it gives the allocator's free pages back, so that buffers of many sizes
+#: do not add up (sidecar/heap.py). Not every time: pages given back fault in again when the
+#: next buffers reuse them, which after every file cost 0.1-0.2 CPU-s/GB (bench/memory.md).
+GIVE_BACK_ABOVE_BYTES = 128 * 1024 * 1024
 
 
 class FileChanged(Exception):
@@ -89,7 +90,7 @@ class UploaderPool:
         self.in_flight: dict[str, tuple[int, int]] = {}  # key -> (bytes sent, size)
         self.meter = ThroughputMeter()
         self._lock = threading.Lock()
-        self._since_give_back = 0  # bytes; races between workers are harmless
+        self._since_check = 0  # bytes; races between workers are harmless
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -170,10 +171,12 @@ class UploaderPool:
         return UploadResult(job.file.rel, job.key, info.size, info.crc32c, copied=False)
 
     def _give_back(self, size: int) -> None:
-        self._since_give_back += size
-        if self._since_give_back >= GIVE_BACK_EVERY_BYTES:
-            self._since_give_back = 0
-            give_back_free_memory()
+        self._since_check += size
+        if self._since_check >= CHECK_MEMORY_EVERY_BYTES:
+            self._since_check = 0
+            rss = resident_bytes()
+            if rss is not None and rss > GIVE_BACK_ABOVE_BYTES:
+                give_back_free_memory()
 
     def _try_copy(self, job: FileJob, state: FileState) -> UploadResult | None:
         ref = job.reference

@@ -1,4 +1,5 @@
-"""give_back_free_memory: the free space between buffers still in use leaves memory."""
+"""give_back_free_memory: the free space between buffers still in use leaves memory
+(measured with resident_bytes, which the uploader uses to decide when to call it)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ import pytest
 # frees every other one, and reports its resident memory before and after the call.
 CHILD = r"""
 import json
-from sidecar.heap import give_back_free_memory
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+from sidecar.heap import give_back_free_memory, resident_bytes as rss
 
 MiB = 1 << 20
 start = rss()
