@@ -83,6 +83,23 @@ def test_an_idle_pooled_connection_is_reset(proxy: FaultProxy, upstream: Upstrea
             c.recv(100)
 
 
+def test_a_reply_that_comes_after_the_connect_timeout_arrives(upstream: Upstream) -> None:
+    """A store is silent until a slow body has arrived in full, however long that takes. The
+    proxy's connect timeout used to stay on the store's socket as a read timeout, so every
+    request that took over 10 s through a throttled uplink was closed unanswered."""
+    p = FaultProxy("127.0.0.1", upstream.port, connect_timeout=0.2)
+    try:
+        with socket.create_connection(("127.0.0.1", p.port), timeout=BOUND) as c:
+            c.sendall(b"PUT")
+            assert upstream.received.wait(BOUND)
+            answer = threading.Timer(1.0, upstream.release.set)  # 5x the connect timeout
+            answer.start()
+            assert c.recv(100) == b"ok"
+            answer.join()
+    finally:
+        p.close()
+
+
 def test_a_new_connection_in_an_outage_is_refused_and_counted(proxy: FaultProxy) -> None:
     proxy.outage()
     # the reset can arrive before connect() returns (seen under load) or at the first read

@@ -45,8 +45,13 @@ class Faults:
 
 
 class FaultProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    """Forwards 127.0.0.1:``port`` to the target. ``connect_timeout`` bounds only the connect
+    to the target: once connected, a store may stay silent for as long as a slow body takes
+    to arrive (a 64 MiB part over a 2 MiB/s uplink: 32 s) without the proxy closing it."""
+
+    def __init__(self, target_host: str, target_port: int, connect_timeout: float = 10.0) -> None:
         self.target = (target_host, target_port)
+        self.connect_timeout = connect_timeout
         self.faults = Faults()
         self._lock = threading.Lock()
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -122,10 +127,11 @@ class FaultProxy:
         if f.delay:
             time.sleep(f.delay)
         try:
-            upstream = socket.create_connection(self.target, timeout=10)
+            upstream = socket.create_connection(self.target, timeout=self.connect_timeout)
         except OSError:
             client.close()
             return
+        upstream.settimeout(None)  # a store answers a slow body only once all of it arrived
         with self._lock:
             if f.refuse:  # the outage began while this connection was being made
                 f.count("refused")
