@@ -23,10 +23,10 @@ from azure.storage.blob import (
     CustomerProvidedEncryptionKey,
     ExponentialRetry,
 )
-from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from sidecar.storage.base import PermanentError
+from sidecar.storage.body import BlockwiseAdapter
 from sidecar.storage.http_env import ca_bundle, read_env_once
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.url import DestinationUrl
@@ -83,13 +83,15 @@ def customer_key(opts: AzureOptions) -> CustomerProvidedEncryptionKey | None:
 
 def _transport(pool_size: int) -> RequestsTransport:
     """A requests session whose pool holds every block in flight (the default keeps 10);
-    it reads the environment's proxy and CA-bundle settings once (:mod:`.http_env`).
+    it reads the environment's proxy and CA-bundle settings once (:mod:`.http_env`) and
+    sends bodies in blocks, so a slow link is not cut off by the connect timeout
+    (:mod:`.body`).
 
     The timeouts go here, not to the client: azure-core reads a client's
     ``connection_timeout`` / ``read_timeout`` only when it builds the transport itself, so
     with ours they were silently 300 s each."""
     session = requests.Session()
-    adapter = HTTPAdapter(
+    adapter = BlockwiseAdapter(
         pool_connections=4,
         pool_maxsize=pool_size,
         max_retries=Retry(total=False, redirect=False, raise_on_status=False),

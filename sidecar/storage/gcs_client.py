@@ -10,13 +10,13 @@ logged or put in a message; a file that cannot be used is named, its content is 
 from __future__ import annotations
 
 import google.auth
-import requests
 from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 
 from sidecar.storage.base import PermanentError
+from sidecar.storage.body import BlockwiseAdapter
 from sidecar.storage.http_env import read_env_once
 from sidecar.storage.options import GcsOptions
 
@@ -62,7 +62,7 @@ def connect(
         endpoint = emulator_host if "://" in emulator_host else f"http://{emulator_host}"
     creds, project = _credentials(opts, emulator_host is not None)
     http = AuthorizedSession(creds)  # type: ignore[no-untyped-call]
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL)
+    adapter = BlockwiseAdapter(pool_connections=4, pool_maxsize=POOL)  # see .body
     http.mount("https://", adapter)
     http.mount("http://", adapter)
     read_env_once(http, endpoint or "https://storage.googleapis.com")

@@ -14,6 +14,7 @@ from botocore.config import Config
 from botocore.handlers import convert_body_to_file_like_object
 
 from sidecar.storage.base import PermanentError
+from sidecar.storage.body import BytesBody
 from sidecar.storage.options import S3Options
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "full_crc", "make_client", "store_time", "write_args"]
@@ -64,24 +65,26 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
 
 
 def _send_bodies_as_read(client: Any) -> None:
-    """Send PutObject and UploadPart bodies as the ``bytes`` they were read into.
+    """Send PutObject and UploadPart bodies from the ``bytes`` they were read into, in blocks.
 
     botocore wraps a ``bytes`` body in a ``BytesIO``, which urllib3 then copies out again
     block by block: one more copy of every byte uploaded, 0.1-0.15 CPU-s/GB here
-    (bench/s3.md). ``bytes`` are sent as they are and re-sent whole on a retry. botocore
-    asks for ``Expect: 100-continue`` only for file-like bodies; it is kept for these, so
-    a request the store refuses (a redirect, a failed precondition, a bad credential) is
-    still refused before its body is sent.
+    (bench/s3.md). A :class:`BytesBody` hands out the same blocks without copying. Sent as
+    one block, a body had to go up within the connect timeout on a new connection
+    (:mod:`.body`). Being file-like, it also gets botocore's ``Expect: 100-continue``, so a
+    request the store refuses (a redirect, a failed precondition, a bad credential) is
+    refused before its body is sent, and a retry rewinds it.
     """
     events = client.meta.events
     for op in ("PutObject", "UploadPart"):
-        events.unregister(f"before-parameter-build.s3.{op}", convert_body_to_file_like_object)
-        events.register(f"before-call.s3.{op}", _expect_continue)
+        event = f"before-parameter-build.s3.{op}"
+        events.unregister(event, convert_body_to_file_like_object)
+        events.register(event, _body_in_blocks)
 
 
-def _expect_continue(params: dict[str, Any], **_: Any) -> None:
-    if isinstance(params.get("body"), bytes):
-        params["headers"]["Expect"] = "100-continue"
+def _body_in_blocks(params: dict[str, Any], **_: Any) -> None:
+    if isinstance(params.get("Body"), bytes):
+        params["Body"] = BytesBody(params["Body"])
 
 
 def write_args(opts: S3Options) -> dict[str, Any]:
