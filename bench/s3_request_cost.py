@@ -21,6 +21,8 @@ import resource
 import statistics
 from typing import Any
 
+from botocore.handlers import add_expect_header
+
 from bench._common import KiB, MiB, Report, md_table, s3_env, seaweedfs
 from sidecar.storage import s3_client
 from sidecar.storage.checksum import Crc32c
@@ -69,7 +71,7 @@ def main() -> int:
         os.environ.update(s3_env(server))
         with_expect = s3_client.make_client(S3Options(), pool_size=4)
         without = s3_client.make_client(S3Options(), pool_size=4)
-        without.meta.events.unregister("before-call.s3.UploadPart", s3_client._expect_continue)
+        without.meta.events.unregister("before-call.s3", add_expect_header)
         clients = {"yes": with_expect, "no": without}
         bucket = new_bucket(server, "bench-cost")
         for run in range(args.runs):
