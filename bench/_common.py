@@ -97,7 +97,8 @@ class Report:
         results of an earlier run, and their date, as they were.
         """
         self.load_end = load()
-        print(f"\n{self.started}; {self.machine()}")
+        ended = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        print(f"\n{self.started} - {ended}; {self.machine()}")
         print(f"load average (1, 5, 15 min): start {self.load_start}, end {self.load_end}")
         print(f"code: {self.code}")
         if self.sidecar_diff:
@@ -107,6 +108,7 @@ class Report:
         print(table)
         data = {
             "date": self.started,
+            "ended": ended,
             "machine": self.machine(),
             "load_start": self.load_start,
             "load_end": self.load_end,

@@ -13,7 +13,9 @@ before the first byte (interpreter start, imports, client set-up; ``setup_done()
 bench/_child.py), and the table shows the client CPU per GB with and without it ("n/a"
 for rclone). After each run the blob's size is read back: a run that
 does not leave every byte in the blob counts as failed and is listed under the table,
-never measured. Medians over runs; RSS is the largest. Needs ``npm ci`` (Azurite).
+never measured. Medians over runs; RSS is the largest. ``bench/azure.json`` gets every run
+(a run of some settings keeps the other rows of earlier runs, each with its own date).
+Needs ``npm ci`` (Azurite).
 
 Tools: ``ours`` = ``AzureBackend.put_file`` (one read pass, whole-file CRC32C, a CRC-64
 per block sent as ``x-ms-content-crc64``, blocks staged in parallel, then the block list
@@ -33,8 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MiB = 1024 * 1024
@@ -162,7 +163,7 @@ def main() -> None:
 
     from azure.core.exceptions import ResourceNotFoundError
 
-    from bench._common import measure_child, start_up_columns
+    from bench._common import Report, measure_child, start_up_columns
     from tests.servers.azurite import KEY, start_azurite
 
     settings = [tuple(int(v) for v in s.split("x")) for s in args.settings.split(",")]
@@ -179,8 +180,7 @@ def main() -> None:
     plan = [(b, c, t) for _ in range(args.runs) for b, c in settings for t in tools]
     env = {**os.environ, KEY_ENV: KEY, "RCLONE_CONFIG": os.devnull}
     results: list[Result] = []
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    report = Report("azure")
     with tempfile.TemporaryDirectory(prefix="azure-bench-") as tmp:
         src = Path(tmp) / "model.pt"
         _make_file(src, args.size_mib * MiB)
@@ -210,34 +210,39 @@ def main() -> None:
                 outcome = str(results[-1])
             print(f"# {label}: {outcome}", file=sys.stderr, flush=True)
 
-    load_end = [round(x, 2) for x in os.getloadavg()]
     groups: dict[tuple[str, int, int], list[Result]] = {}
     for r in results:
         groups.setdefault((r.tool, r.block_mib, r.concurrency), []).append(r)
-    print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
-    print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
-    print(f"file: {args.size_mib} MiB random bytes; fresh Azurite per run; median of runs")
-    print("client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
-          " client set-up), printed by the Python children only (n/a for rclone)")  # fmt: skip
-    print("| tool | block | concurrency | runs | MB/s | client CPU s/GB |"
-          " client start-up CPU s | client CPU s/GB after start-up | Azurite CPU s/GB |"
-          " client RSS MiB | wall s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [
+        f"file: {args.size_mib} MiB random bytes; fresh Azurite per run; median of runs",
+        "client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
+        " client set-up), printed by the Python children only (n/a for rclone)",
+        "",
+        "| tool | block | concurrency | runs | MB/s | client CPU s/GB |"
+        " client start-up CPU s | client CPU s/GB after start-up | Azurite CPU s/GB |"
+        " client RSS MiB | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     gb = size / 1e9
     for (tool, block_mib, concurrency), rs in sorted(
         groups.items(), key=lambda kv: (kv[0][1], kv[0][2], TOOLS.index(kv[0][0]))
     ):
         secs = statistics.median(r.seconds for r in rs)
         setup, after = start_up_columns([(r.cpu, r.setup_cpu, size) for r in rs])
-        print(
+        lines.append(
             f"| {tool} | {block_mib} MiB | {concurrency} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{statistics.median(r.cpu for r in rs) / gb:.2f} | "
             f"{setup} | {after} | "
             f"{statistics.median(r.server_cpu for r in rs) / gb:.2f} | "
             f"{max(r.rss_mib for r in rs):.0f} | {secs:.1f} |"
         )
-    for line in failures:
-        print(f"* not measured: {line}")
+    lines += [f"* not measured: {line}" for line in failures]
+    report.rows = [{**asdict(r), "size_bytes": size} for r in results]
+    report.finish(
+        "\n".join(lines),
+        extra={"not_measured": failures},
+        merge_on=("tool", "block_mib", "concurrency"),
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ the table shows the client CPU per GB with and without it ("n/a" for the other t
 After each run the object's size is read back from the emulator: a run that exits 0
 without storing every byte counts as failed. Failed runs are listed under the
 table with the tail of their error, never measured.
-MB/s = 10^6 bytes per wall second; CPU s/GB = CPU seconds per 10^9 bytes.
+MB/s = 10^6 bytes per wall second; CPU s/GB = CPU seconds per 10^9 bytes. ``bench/gcs.json``
+gets every run (a run of some pairs keeps the other rows of earlier runs, with their date).
 
 Tools: ``ours`` = sidecar.storage.gcs.GcsBackend.put_file (resumable session streamed
 from the file, CRC32C in the same pass, sent with the last 256 KiB; ``--chunks-mib 0``:
@@ -48,10 +49,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -182,7 +182,7 @@ def main() -> None:
         child(tool, host, bucket, Path(src), int(chunk))
         return
 
-    from bench._common import measure_child, start_up_columns
+    from bench._common import Report, measure_child, start_up_columns
     from tests.servers.gcs import start_fake_gcs_server, start_gcp_storage_emulator, stop
 
     starters = {
@@ -207,8 +207,7 @@ def main() -> None:
             pairs += [(name, tool, chunk) for chunk in chunks]
     plan = [p for _ in range(args.runs) for p in pairs]  # run 1 of everything, then run 2...
 
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    report = Report("gcs")
     work = Path(tempfile.mkdtemp(prefix="gcs-bench-"))
     src = work / f"checkpoint-{args.file_mib}MiB.bin"
     with open(src, "wb") as f:
@@ -247,15 +246,15 @@ def main() -> None:
     groups: dict[tuple[str, str, int], list[Result]] = {}
     for r in results:
         groups.setdefault((r.server, r.tool, r.chunk_mib), []).append(r)
-    load_end = [round(x, 2) for x in os.getloadavg()]
-    print(f"started {started}, ended {time.strftime('%H:%M:%S UTC', time.gmtime())}")
-    print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
-    print(f"file: {size / MiB:.0f} MiB, runs: {args.runs} (median)")
-    print("client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
-          " client set-up), printed by the Python children only (n/a for the others)")  # fmt: skip
-    print("| server | tool | chunk | runs | MB/s | client CPU s/GB | client start-up CPU s |"
-          " client CPU s/GB after start-up | emulator CPU s/GB | client RSS MiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    lines = [
+        f"file: {size / MiB:.0f} MiB, runs: {args.runs} (median)",
+        "client start-up CPU s = the child's CPU before its first byte (interpreter, imports,"
+        " client set-up), printed by the Python children only (n/a for the others)",
+        "",
+        "| server | tool | chunk | runs | MB/s | client CPU s/GB | client start-up CPU s |"
+        " client CPU s/GB after start-up | emulator CPU s/GB | client RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (server_name, tool, chunk), rs in groups.items():
         secs = statistics.median(r.seconds for r in rs)
         cpu = statistics.median(r.cpu for r in rs)
@@ -264,12 +263,17 @@ def main() -> None:
         gb = size / 1e9
         setup, after = start_up_columns([(r.cpu, r.setup_cpu, size) for r in rs])
         label = f"{chunk} MiB" if chunk else "default"
-        print(
+        lines.append(
             f"| {server_name} | {tool} | {label} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{cpu / gb:.2f} | {setup} | {after} | {scpu / gb:.2f} | {rss:.0f} |"
         )
-    for line in failures:
-        print(f"* not measured: {line}")
+    lines += [f"* not measured: {line}" for line in failures]
+    report.rows = [{**asdict(r), "size_bytes": size} for r in results]
+    report.finish(
+        "\n".join(lines),
+        extra={"not_measured": failures},
+        merge_on=("server", "tool", "chunk_mib"),
+    )
 
 
 if __name__ == "__main__":

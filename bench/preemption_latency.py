@@ -8,26 +8,25 @@ Run from the repository root:
 
     .venv/bin/python -m bench.preemption_latency [--trials 15]
 
-Prints a Markdown table (milliseconds); ``bench/preemption.md`` holds a measured run.
+Prints a Markdown table (milliseconds) and writes ``bench/preemption.json`` (every trial);
+``bench/preemption.md`` holds the measured runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import platform
 import random
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 
+from bench._common import Report
 from sidecar.model import Notice
 from sidecar.preemption.aws import AwsSpotSource
 from sidecar.preemption.azure import AzureScheduledEventsSource
@@ -136,17 +135,22 @@ def main() -> None:
         ("azure (Scheduled Events)", "poll every 1 s", _azure),
         ("file (trigger file)", "stat every 0.5 s", _file),
     ]
-    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python {platform.python_version()}, ", end="")
-    print(f"{os.cpu_count()} CPUs, {args.trials} trials per source\n")
-    print("| source | how | min ms | median ms | p90 ms | max ms |")
-    print("|---|---|---:|---:|---:|---:|")
+    report = Report("preemption")
+    table = [
+        f"{args.trials} trials per source",
+        "",
+        "| source | how | min ms | median ms | p90 ms | max ms |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name, how, setup in cases:
         ms = sorted(trial(setup) * 1000 for _ in range(args.trials))
         p90 = ms[min(len(ms) - 1, round(0.9 * (len(ms) - 1)))]
-        print(
+        report.rows.append({"source": name, "how": how, "trials_ms": [round(x, 1) for x in ms]})
+        table.append(
             f"| {name} | {how} | {ms[0]:.0f} | {statistics.median(ms):.0f} | {p90:.0f} "
             f"| {ms[-1]:.0f} |"
         )
+    report.finish("\n".join(table), merge_on=("source",))
 
 
 if __name__ == "__main__":

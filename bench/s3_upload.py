@@ -10,7 +10,9 @@ bucket, which is deleted afterwards. Each tool runs as a child process
 (``bench._common.measure_child``): its CPU (user + sys, children included) comes from
 ``wait4``, its peak RSS is sampled over its process tree. The table shows the median
 MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 bytes) and the
-largest peak RSS. Tools that are not installed are reported, not skipped silently.
+largest peak RSS; ``bench/s3.json`` gets every run (a run of some tools keeps the other
+tools' rows of earlier runs, each with its own date). Tools that are not installed are
+reported, not skipped silently.
 
 Tools: ``ours`` = sidecar.storage.s3.S3Backend (hand-rolled multipart over botocore,
 CRC32C via awscrt, 4 files at once like the daemon's default); ``crt`` =
@@ -30,7 +32,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,11 +244,12 @@ def main() -> int:
         CHILDREN[tool](Path(src), bucket, prefix, int(mib), int(slots) if slots else None)
         return 0
 
-    from bench._common import measure_child
+    from bench._common import Report, measure_child
     from tests.servers.seaweedfs import new_bucket, start_seaweedfs, stop_seaweedfs
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on kill too
 
+    report = Report("s3")
     work = Path(tempfile.mkdtemp(prefix="s3-bench-", dir=args.workdir))
     (work / "server").mkdir()
     (work / "data").mkdir()
@@ -296,9 +299,13 @@ def main() -> int:
     finally:
         stop_seaweedfs(server)
         shutil.rmtree(work, ignore_errors=True)
-    print(table(runs, args))
-    for tool in sorted(set(missing)):
-        print(f"\n{tool}: not installed, not measured")
+    not_measured = [f"{tool}: not installed" for tool in sorted(set(missing))]
+    report.rows = [asdict(r) for r in runs]
+    report.finish(
+        "\n".join([table(runs, args), *(f"\n{line}, not measured" for line in not_measured)]),
+        extra={"not_measured": not_measured},
+        merge_on=("data", "tool"),
+    )
     return 0
 
 
