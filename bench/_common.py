@@ -82,6 +82,19 @@ class Report:
         py = sys.version.split()[0]
         return f"{os.cpu_count()} cores, {mem:.0f} GiB RAM, {sys.platform}, Python {py}"
 
+    def finish_uploads(
+        self,
+        lines: list[str],
+        rows: list[dict[str, Any]],
+        not_measured: list[str],
+        merge_on: Sequence[str],
+    ) -> None:
+        """:meth:`finish` for a benchmark of tools: ``lines`` (the table) with every case that
+        was not measured listed under it, also kept in the JSON as ``not_measured``."""
+        self.rows = rows
+        table = "\n".join([*lines, *(f"* not measured: {line}" for line in not_measured)])
+        self.finish(table, extra={"not_measured": not_measured}, merge_on=merge_on)
+
     def finish(
         self,
         table: str,

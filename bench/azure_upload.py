@@ -236,13 +236,8 @@ def main() -> None:
             f"{statistics.median(r.server_cpu for r in rs) / gb:.2f} | "
             f"{max(r.rss_mib for r in rs):.0f} | {secs:.1f} |"
         )
-    lines += [f"* not measured: {line}" for line in failures]
-    report.rows = [{**asdict(r), "size_bytes": size} for r in results]
-    report.finish(
-        "\n".join(lines),
-        extra={"not_measured": failures},
-        merge_on=("tool", "block_mib", "concurrency"),
-    )
+    rows = [{**asdict(r), "size_bytes": size} for r in results]
+    report.finish_uploads(lines, rows, failures, merge_on=("tool", "block_mib", "concurrency"))
 
 
 if __name__ == "__main__":

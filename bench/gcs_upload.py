@@ -267,13 +267,8 @@ def main() -> None:
             f"| {server_name} | {tool} | {label} | {len(rs)} | {size / 1e6 / secs:.0f} | "
             f"{cpu / gb:.2f} | {setup} | {after} | {scpu / gb:.2f} | {rss:.0f} |"
         )
-    lines += [f"* not measured: {line}" for line in failures]
-    report.rows = [{**asdict(r), "size_bytes": size} for r in results]
-    report.finish(
-        "\n".join(lines),
-        extra={"not_measured": failures},
-        merge_on=("server", "tool", "chunk_mib"),
-    )
+    rows = [{**asdict(r), "size_bytes": size} for r in results]
+    report.finish_uploads(lines, rows, failures, merge_on=("server", "tool", "chunk_mib"))
 
 
 if __name__ == "__main__":

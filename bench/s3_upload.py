@@ -300,12 +300,8 @@ def main() -> int:
         stop_seaweedfs(server)
         shutil.rmtree(work, ignore_errors=True)
     not_measured = [f"{tool}: not installed" for tool in sorted(set(missing))]
-    report.rows = [asdict(r) for r in runs]
-    report.finish(
-        "\n".join([table(runs, args), *(f"\n{line}, not measured" for line in not_measured)]),
-        extra={"not_measured": not_measured},
-        merge_on=("data", "tool"),
-    )
+    rows = [asdict(r) for r in runs]
+    report.finish_uploads([table(runs, args)], rows, not_measured, merge_on=("data", "tool"))
     return 0
 
 
