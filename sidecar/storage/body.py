@@ -71,6 +71,13 @@ class BlockwiseAdapter(HTTPAdapter):
         super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
 
     def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
-        if isinstance(request.body, bytes):
-            request.body = BytesBody(request.body)  # type: ignore[assignment]
-        return super().send(request, *args, **kwargs)
+        """Send ``request``; its ``body`` is the same ``bytes`` again afterwards (a redirect
+        or a caller that sends it again sees the whole body, not a read-out file)."""
+        body = request.body
+        if not isinstance(body, bytes):
+            return super().send(request, *args, **kwargs)
+        request.body = BytesBody(body)  # type: ignore[assignment]
+        try:
+            return super().send(request, *args, **kwargs)
+        finally:
+            request.body = body
