@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def one(env: dict[str, str], t: Target, deadline: float, size: int, work: Path) 
                 f.write(os.urandom(MiB))
         os.replace(watch / ".payload", watch / "step_1.pt")
         d.wait_for("checkpoint.ready", where=checkpoint_is("step_1.pt"))
-        d.proc.send_signal(10)  # SIGUSR1: drain, deadline = now + shutdown_grace_seconds
+        d.proc.send_signal(signal.SIGUSR1)  # drain; deadline = now + shutdown_grace_seconds
         done = d.wait_for("drain.done", timeout=deadline + 30)
         return {
             "outcome": done["outcome"],
