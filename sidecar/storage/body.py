@@ -31,7 +31,7 @@ class BytesBody:
     (no copy). ``len()`` is the whole length, so clients send a ``Content-Length``; a retry
     rewinds it with ``seek(0)``."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self._view = memoryview(data)
         self._pos = 0
 

@@ -8,6 +8,8 @@ once for that slot: when the part's request is done, has failed or was cancelled
 done-callback on its future), or at once if no part was read (end of file, read error).
 So at most ``slots`` parts of all uploads together are in memory, about
 ``slots * part_size`` bytes. Slots are handed out in no particular order between waiters.
+``on_idle``, if given, runs each time the last taken slot comes back (no part of any upload
+is in memory), outside the budget's lock.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ class Budget:
     slot taken.
     """
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, on_idle: Callable[[], None] | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a budget needs at least one slot, not {slots}")
+        self._slots = slots
         self._free = slots
+        self._on_idle = on_idle
         self._cond = threading.Condition()
 
     def acquire(self, check: Callable[[], None] = lambda: None) -> None:
@@ -58,7 +62,10 @@ class Budget:
     def release(self) -> None:
         with self._cond:
             self._free += 1
+            idle = self._free == self._slots
             self._cond.notify_all()
+        if idle and self._on_idle is not None:
+            self._on_idle()
 
     def submit(self, pool: cf.Executor, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
         """Run ``fn(*args)`` on ``pool`` for a caller that holds a slot: the slot is given back

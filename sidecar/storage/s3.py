@@ -27,6 +27,7 @@ from sidecar.storage.base import (
     Progress,
 )
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import CHUNK, Crc32c
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import S3Options
@@ -81,7 +82,9 @@ class S3Backend(Backend):
             self.options, pool_size=max(32, 4 * self.options.part_concurrency)
         )
         self._write_args = write_args(self.options)
-        self._budget = Budget(self.options.part_concurrency)
+        # Part buffers are reused while uploads run and dropped once none does.
+        self._buffers = PartBuffers(self.options.part_concurrency)
+        self._budget = Budget(self.options.part_concurrency, on_idle=self._buffers.clear)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="s3-read")
         # Part threads shared by every upload (and, apart, every multipart copy): started
         # on first use, never per file. As many as the budget has slots (see upload_in_parts).
@@ -152,6 +155,7 @@ class S3Backend(Backend):
                 size,
                 opts.part_size_bytes,
                 self._budget,
+                self._buffers,
                 self._reader,
                 self._senders,
                 progress,

@@ -65,7 +65,8 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
 
 
 def _send_bodies_as_read(client: Any) -> None:
-    """Send PutObject and UploadPart bodies from the ``bytes`` they were read into, in blocks.
+    """Send PutObject and UploadPart bodies from the ``bytes`` (or ``memoryview`` of a part
+    buffer) they were read into, in blocks, without copying them.
 
     botocore wraps a ``bytes`` body in a ``BytesIO``, which urllib3 then copies out again
     block by block: one more copy of every byte uploaded, 0.1-0.15 CPU-s/GB here
@@ -83,7 +84,7 @@ def _send_bodies_as_read(client: Any) -> None:
 
 
 def _body_in_blocks(params: dict[str, Any], **_: Any) -> None:
-    if isinstance(params.get("Body"), bytes):
+    if isinstance(params.get("Body"), bytes | memoryview):
         params["Body"] = BytesBody(params["Body"])
 
 

@@ -1,8 +1,8 @@
 """Multipart upload and multipart copy, parts in parallel, memory bounded.
 
-One reader (the backend's reading thread) reads the file once, in order: each part gets its own
-CRC32C (one pass over its bytes), which is combined into the whole-file CRC32C, and is
-reported to ``progress``. A part is
+One reader (the backend's reading thread) reads the file once, in order, into reused part
+buffers: each part gets its own CRC32C (taken piece by piece as it is read), which is
+combined into the whole-file CRC32C, and is reported to ``progress``. A part is
 read only after it got a slot of the backend-wide :class:`Budget`, so however many files
 go up at once, at most ``slots * part_size`` bytes of them are in memory. Each part
 carries its CRC32C and the upload completes with the whole-file CRC32C as a FULL_OBJECT
@@ -14,14 +14,16 @@ AbortMultipartUpload is sent.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import structlog
 
 from sidecar.storage.base import Progress, TransientError
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.parts import send_parts
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
@@ -58,25 +60,22 @@ def part_size_for(size: int, part_size: int) -> int:
 
 
 def _read_part(
-    f: BinaryIO, size: int, whole: Crc32c, progress: Progress | None
-) -> tuple[bytes, str]:
-    """Read up to ``size`` bytes in one call (no copy beyond the kernel's) and return them
-    with their own CRC32C, which also extends the whole-file CRC32C (one pass over the bytes)."""
-    body = f.read(size)
-    while 0 < len(body) < size:  # a short read before the end of the file
-        more = f.read(size - len(body))
-        if not more:
-            break
-        body += more
+    f: io.BufferedIOBase, buf: bytearray, size: int, whole: Crc32c, progress: Progress | None
+) -> tuple[memoryview, str]:
+    """Read up to ``size`` bytes into ``buf`` and return them (a view of ``buf``) with their
+    own CRC32C, taken piece by piece as they are read, which also extends the whole-file
+    CRC32C (one pass over the bytes)."""
     part = Crc32c()
-    part.update(body)
-    whole.extend(part.value(), len(body))
-    if progress and body:
-        progress(len(body))
-    return body, part.b64()
+    n = read_into(f, memoryview(buf)[:size], part)
+    whole.extend(part.value(), n)
+    if progress and n:
+        progress(n)
+    return memoryview(buf)[:n], part.b64()
 
 
-def _send_part(t: Target, upload_id: str, number: int, body: bytes, crc: str) -> dict[str, Any]:
+def _send_part(
+    t: Target, upload_id: str, number: int, body: memoryview, crc: str
+) -> dict[str, Any]:
     """UploadPart, sent again when the store answers BadDigest (bytes damaged on the way)."""
     for attempt in range(1, BAD_DIGEST_ATTEMPTS + 1):
         try:
@@ -144,15 +143,17 @@ def upload_in_parts(
     size: int,
     part_size: int,
     budget: Budget,
+    buffers: PartBuffers,
     reader: cf.Executor,
     senders: cf.Executor,
     progress: Progress | None,
 ) -> tuple[int, str]:
     """Upload ``path`` (``size`` bytes when opened) to ``t``; return (bytes read, CRC32C b64).
 
-    Each part in memory holds a ``budget`` slot from its read until its UploadPart is done.
-    Parts are read on ``reader`` (the backend's one reading thread: buffers allocated by
-    one thread are reused by the C allocator) and sent on ``senders`` (the backend's part
+    Each part in memory holds a ``budget`` slot from its read until its UploadPart is done,
+    and a buffer of ``buffers``, given back when its UploadPart is done (whatever the
+    outcome). Parts are read on ``reader`` (the backend's one reading thread) and sent on
+    ``senders`` (the backend's part
     threads, shared by every upload: no threads are started per file), so memory stays near
     ``budget`` slots however many files go up at once (bench/s3.md, bench/memory.md).
     ``senders`` should have as many threads as ``budget`` has slots: with fewer, parts
@@ -168,21 +169,30 @@ def upload_in_parts(
     with open(path, "rb") as f:
         upload_id = _create(t)
 
-        def next_part() -> tuple[int, bytes, str] | None:
+        def next_part() -> tuple[int, bytearray, memoryview, str] | None:
             nonlocal total, number
-            body, crc = _read_part(f, part_size, whole, progress)
+            buf = buffers.take(part_size)
+            body, crc = _read_part(f, buf, part_size, whole, progress)
             if (not body and number > 0) or number >= MAX_PARTS:
+                buffers.give(buf)
                 if body:
                     raise TransientError(f"{path} grew past {MAX_PARTS} parts while uploading")
                 return None
             number += 1
             total += len(body)
-            return number, body, crc
+            return number, buf, body, crc
+
+        def send(part: tuple[int, bytearray, memoryview, str]) -> dict[str, Any]:
+            number, buf, body, crc = part
+            try:
+                return _send_part(t, upload_id, number, body, crc)
+            finally:
+                buffers.give(buf)
 
         try:
             send_parts(
                 next_part,
-                lambda p: _send_part(t, upload_id, *p),
+                send,
                 parts.append,
                 budget=budget,
                 pool=senders,
