@@ -10,9 +10,10 @@ Contract of :class:`PartBuffers`: :meth:`~PartBuffers.take` returns a ``bytearra
 least the size asked for (contents undefined); the caller gives it back with
 :meth:`~PartBuffers.give` once nothing reads it any more (its request is done, whatever the
 outcome) or simply drops it (a part that was never sent). The pool keeps at most ``keep``
-free buffers and :meth:`~PartBuffers.clear` drops them all, so with a :class:`Budget` of
-``keep`` slots no more buffers exist than slots are taken, plus the free ones until the
-budget goes idle. Thread-safe.
+free buffers, and taking a new buffer drops a free one that is too small, so as long as
+every buffer is taken under a :class:`Budget` slot, no more buffers exist than the most slots
+taken at once; :meth:`~PartBuffers.clear` drops the free ones (when the budget goes idle).
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ class PartBuffers:
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bytearray:
-        """A free buffer of at least ``size`` bytes, or a new one of ``size`` bytes."""
+        """A free buffer of at least ``size`` bytes, or a new one of ``size`` bytes (a free
+        one too small is dropped for it, so no more buffers exist than were taken at once)."""
         with self._lock:
             for i, buf in enumerate(self._free):
                 if len(buf) >= size:
                     return self._free.pop(i)
+            if self._free:
+                self._free.pop(0)
         return bytearray(size)
 
     def give(self, buf: bytearray) -> None:

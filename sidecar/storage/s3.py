@@ -27,7 +27,7 @@ from sidecar.storage.base import (
     Progress,
 )
 from sidecar.storage.budget import Budget
-from sidecar.storage.buffers import PartBuffers
+from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import CHUNK, Crc32c
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import S3Options
@@ -115,7 +115,7 @@ class S3Backend(Backend):
     def _err(self, e: Exception, op: str, key: str | None = None) -> Exception:
         return map_error(e, op=op, bucket=self.bucket, key=key)
 
-    def _put(self, key: str, body: bytes, crc: str, **extra: Any) -> Any:
+    def _put(self, key: str, body: bytes | memoryview, crc: str, **extra: Any) -> Any:
         """PutObject, sent again when the store answers BadDigest."""
         for attempt in range(1, BAD_DIGEST_ATTEMPTS + 1):
             try:
@@ -162,10 +162,12 @@ class S3Backend(Backend):
             )
             return ObjectInfo(key=key, size=total, crc32c=whole, mtime=time.time())
         self._budget.acquire()
+        buf = self._buffers.take(size + 1)
         try:
-            body, crc = self._reader.submit(_read_small, path, progress).result()
+            body, crc = self._reader.submit(_read_small, path, buf, progress).result()
             r = self._put(key, body, crc)
         finally:
+            self._buffers.give(buf)
             self._budget.release()
         return ObjectInfo(key=key, size=len(body), crc32c=crc, mtime=store_time(r))
 
@@ -326,12 +328,19 @@ class S3Backend(Backend):
         self._client.close()
 
 
-def _read_small(path: Path, progress: Progress | None) -> tuple[bytes, str]:
-    """A whole file below the multipart threshold, and its CRC32C, in one read."""
-    with open(path, "rb") as f:
-        body = f.read()
+def _read_small(
+    path: Path, buf: bytearray, progress: Progress | None
+) -> tuple[memoryview | bytes, str]:
+    """A whole file below the multipart threshold, read into ``buf`` (a view of it), and its
+    CRC32C. A file that grew past ``buf`` is read to its end into new ``bytes``."""
     crc = Crc32c()
-    crc.update(body)
+    with open(path, "rb") as f:
+        n = read_into(f, memoryview(buf), crc)
+        body: memoryview | bytes = memoryview(buf)[:n]
+        if n == len(buf):
+            rest = f.read()
+            crc.update(rest)
+            body = bytes(body) + rest
     if progress and body:
         progress(len(body))
     return body, crc.b64()

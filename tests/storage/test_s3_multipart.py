@@ -134,3 +134,16 @@ def test_reused_part_buffers_never_mix_bytes_of_files(s3_env: S3Server, tmp_path
         assert info.size == len(data)
         assert backend.get_bytes(info.key) == data
     backend.close()
+
+
+def test_small_files_through_reused_buffers_go_up_whole(s3_env: S3Server, tmp_path: Path) -> None:
+    # A small file after a larger one reuses its buffer: only the file's own bytes go up.
+    backend = s3_backend(s3_env, new_bucket(s3_env), part_concurrency=1)
+    for name, size in [("big", 5 * MiB + 3), ("small", 1000), ("empty", 0), ("mid", 300_001)]:
+        src = tmp_path / name
+        src.write_bytes(os.urandom(size))
+        info = backend.put_file(name, src)
+        assert info.size == size
+        assert info.crc32c == crc32c_of_file(src)
+        assert backend.get_bytes(name) == src.read_bytes()
+    backend.close()
