@@ -162,12 +162,14 @@ class S3Backend(Backend):
             )
             return ObjectInfo(key=key, size=total, crc32c=whole, mtime=time.time())
         self._budget.acquire()
-        buf = self._buffers.take(size + 1)
         try:
-            body, crc = self._reader.submit(_read_small, path, buf, progress).result()
-            r = self._put(key, body, crc)
+            buf = self._buffers.take(size + 1)
+            try:
+                body, crc = self._reader.submit(_read_small, path, buf, progress).result()
+                r = self._put(key, body, crc)
+            finally:
+                self._buffers.give(buf)
         finally:
-            self._buffers.give(buf)
             self._budget.release()
         return ObjectInfo(key=key, size=len(body), crc32c=crc, mtime=store_time(r))
 
