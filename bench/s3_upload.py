@@ -6,7 +6,9 @@
 
 Data: one large file of random bytes and a checkpoint folder of ``--files`` files of
 1-64 MiB (sizes from a fixed seed). Every (tool, data set, run) uploads into a fresh
-bucket, which is deleted afterwards. Each tool runs as a child process
+bucket, which is deleted afterwards. The tools take turns: run 1 in the given order, each
+later run starting one tool further on, so no tool always meets a cold server or always
+follows the heaviest one. Each tool runs as a child process
 (``bench._common.measure_child``): its CPU (user + sys, children included) comes from
 ``wait4``, its peak RSS is sampled over its process tree. The table shows the median
 MB/s (10^6 bytes / wall second), the median CPU seconds per GB (10^9 bytes) and the
@@ -271,8 +273,12 @@ def main() -> int:
         client = server.client()
         for label, src in datasets.items():
             nbytes = sum(p.stat().st_size for p, _ in _files_of(src))
+            tools = args.tools.split(",")
             for run in range(args.runs):
-                for tool in args.tools.split(","):
+                # each run starts one tool later, so no tool always runs first (cold server)
+                # or always right after the heaviest one
+                turn = run % len(tools)
+                for tool in tools[turn:] + tools[:turn]:
                     bucket = new_bucket(server, f"bench-{tool.replace('@', '-')}")
                     cmd = command(tool, src, bucket, "run", server.endpoint_url, args.part_mib)
                     if cmd is None:
