@@ -14,7 +14,10 @@ server for the whole run of a backend. For each run:
 4. pure transfer: the same files go to a fresh destination through the same backend class's
    ``put_file`` (``open_backend`` on the same URL and options, so the same client library,
    chunk/part/block sizes and checksums as the daemon) in this process, 4 at a time (the
-   daemon's ``upload.concurrency``), timed.
+   daemon's ``upload.concurrency``), timed; twice, right before and right after the daemon's
+   commit, and the mean taken, so that a single slow or fast transfer moves the reference
+   half as much (one transfer of 3 GB to SeaweedFS varied by 1.4 s between runs while the
+   daemon's commits varied by 0.6 s, bench/commit_latency.md).
 
 overhead = (committed - t_done) - settle_seconds - pure transfer of the same run. A plain folder
 is complete when nothing changed for ``watch.settle_seconds`` (set to ``--settle``, default
@@ -45,6 +48,7 @@ from bench._common import (
     KiB,
     MiB,
     Report,
+    Store,
     Target,
     drop_target,
     md_table,
@@ -95,6 +99,15 @@ def daemon_run(src: Path, work: Path, t: Target, settle: float) -> dict[str, Any
         shutil.rmtree(watch, ignore_errors=True)
 
 
+def fresh_transfer(src: Path, kind: str, work: Path, server: Store) -> tuple[float, float]:
+    """:func:`transfer_run` into a fresh destination of ``kind``, dropped afterwards."""
+    t = new_target(kind, work, server, "xfer")
+    try:
+        return transfer_run(src, t)
+    finally:
+        drop_target(t, server)
+
+
 def transfer_run(src: Path, t: Target) -> tuple[float, float]:
     """(seconds, CPU seconds of this process) to put every file of ``src`` with the backend's
     put_file, 4 at a time."""
@@ -141,16 +154,16 @@ def main() -> None:
                 for name in shapes:
                     src = stage[name]
                     for run in range(a.runs):
+                        before = fresh_transfer(src, backend, work, server)
                         t = new_target(backend, work, server, "lat")
                         try:
                             r = daemon_run(src, work, t, a.settle)
                         finally:
                             drop_target(t, server)
-                        t2 = new_target(backend, work, server, "xfer")
-                        try:
-                            r["transfer_s"], r["transfer_cpu_s"] = transfer_run(src, t2)
-                        finally:
-                            drop_target(t2, server)
+                        after = fresh_transfer(src, backend, work, server)
+                        r["transfer_before_s"], r["transfer_after_s"] = before[0], after[0]
+                        r["transfer_s"] = (before[0] + after[0]) / 2
+                        r["transfer_cpu_s"] = (before[1] + after[1]) / 2
                         r["overhead_s"] = r["to_manifest_s"] - a.settle - r["transfer_s"]
                         row = {
                             "backend": backend,
