@@ -1,6 +1,6 @@
 """The watcher thread: file events (inotify via watchdog) or periodic scans, into the tracker.
 
-Producer and consumer apart: watchdog's observer thread only enqueues events; this
+Producer and consumer apart: the inotify source's threads only enqueue events; this
 thread owns the :class:`CompletionTracker` and calls ``on_ready`` for each hand-off.
 """
 
@@ -12,6 +12,7 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from watchdog.events import (
@@ -25,12 +26,13 @@ from watchdog.events import (
     FileMovedEvent,
     FileOpenedEvent,
     FileSystemEvent,
-    FileSystemEventHandler,
 )
-from watchdog.observers.api import BaseObserver
 
 from sidecar.model import CheckpointReady
 from sidecar.watch.completion import CompletionTracker
+
+if TYPE_CHECKING:
+    from sidecar.watch.inotify import InotifySource
 
 __all__ = ["NETWORK_FS", "Watcher", "choose_mode"]
 
@@ -92,14 +94,6 @@ def choose_mode(mode: str, path: Path) -> str:
     return "inotify"
 
 
-class _Handler(FileSystemEventHandler):
-    def __init__(self, sink: queue.SimpleQueue[FileSystemEvent]) -> None:
-        self.sink = sink
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        self.sink.put(event)
-
-
 class Watcher:
     """Runs the tracker on its own thread; ``on_ready`` gets each complete entry."""
 
@@ -117,7 +111,7 @@ class Watcher:
         self.poll_interval = poll_interval
         self._events: queue.SimpleQueue[FileSystemEvent] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._observer: BaseObserver | None = None
+        self._source: InotifySource | None = None
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
         self._requeue: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.alive = False
@@ -129,20 +123,24 @@ class Watcher:
 
     def start(self) -> None:
         if self.mode == "inotify":
-            self._start_observer()
+            self._start_source()
         self.alive = True  # before the thread runs, so /healthz never sees a gap at start
         self._thread.start()
 
-    def _start_observer(self) -> None:
-        from watchdog.observers.inotify import InotifyObserver
+    def _start_source(self) -> None:
+        from sidecar.watch.inotify import InotifySource  # Linux only: imported when used
 
         self._root_id = self._identity()
-        # Full events: a file renamed in from outside the root is a move (complete, like a
-        # rename inside it), not a creation that must wait out settle_seconds.
-        obs = InotifyObserver(generate_full_events=True)
-        obs.schedule(_Handler(self._events), str(self.root), recursive=True, event_filter=EVENTS)
-        obs.start()
-        self._observer = obs
+        # Its moves are full events: a file renamed in from outside the root is a move
+        # (complete, like a rename inside it), not a creation that must wait out settle_seconds.
+        source = InotifySource(self.root, self._events, EVENTS)
+        source.start()
+        self._source = source
+
+    def _stop_source(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            source.stop()
 
     def _identity(self) -> tuple[int, int] | None:
         """(device, inode) of the root: a folder replaced in place gets a new one."""
@@ -155,10 +153,7 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
         self._events.put(FileSystemEvent(""))  # wake the loop
-        if self._observer is not None:
-            self._observer.stop()
-            with contextlib.suppress(RuntimeError):
-                self._observer.join(timeout=5)
+        self._stop_source()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
@@ -216,7 +211,7 @@ class Watcher:
             return
         if self.mode == "inotify" and self._identity() != self._root_id:
             log.warning("watch.root_replaced", path=str(self.root))
-            self._restart_observer()
+            self._restart_source()
             return
         deadline = self.tracker.next_deadline()
         if deadline is not None and deadline <= self.tracker.clock():
@@ -237,22 +232,18 @@ class Watcher:
             return
         self.tracker.event(Path(str(ev.src_path)), kind, is_dir=ev.is_directory)
 
-    def _restart_observer(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer = None
-        self._start_observer()
+    def _restart_source(self) -> None:
+        self._stop_source()
+        self._start_source()
         self.tracker.rescan_all()
 
     def _root_lost(self) -> None:
         log.warning("watch.root_missing", path=str(self.root))
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer = None
+        self._stop_source()
         while not self._stop.wait(1.0):
             if self.root.is_dir():
                 log.info("watch.root_back", path=str(self.root))
                 if self.mode == "inotify":
-                    self._start_observer()
+                    self._start_source()
                 self.tracker.rescan_all()
                 return
