@@ -6,6 +6,11 @@ returns :class:`CheckpointReady` values for entries that are complete by their l
 * a file checkpoint: closed after writing or renamed into place (event mode), or stable;
 * a folder: no file open for writing, nothing changed for ``settle_seconds``, no temporary
   names inside, and the layout's own rule (``.metadata``, ``latest``, marker ...) holds;
+* open handles are counted from inotify's open and close events, which the kernel merges
+  when two equal ones are queued back to back: a count can stay above zero after the last
+  handle closed. So handles hold an unchanged entry back for ``open_hold_seconds`` at most
+  (default: ten times ``settle_seconds``, at least 60 s); after that its counts are dropped
+  (``watch.open_handles_dropped`` is logged) and it is judged as if closed;
 * polling mode: every file's (size, mtime_ns, inode) unchanged across two scans at least
   ``settle_seconds`` apart, plus the layout's rule.
 
@@ -20,14 +25,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
 from sidecar.watch.layouts import Layout, is_temporary, name_problem, step_of
 from sidecar.watch.scan import Snapshot, scan_entry
 
 __all__ = ["CompletionTracker", "EventKind"]
 
+log = structlog.get_logger("sidecar.watch")
+
 RESTORE_ASIDE = ".replaced-"  # restore --force moves an entry aside to <name>.replaced-<time>
 _MIN_RESCAN = 0.1  # seconds between two scans of one entry
+#: the least time counted open handles may hold an unchanged entry back (see the docstring)
+MIN_OPEN_HOLD_SECONDS = 60.0
 EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
 
 
@@ -60,10 +71,16 @@ class CompletionTracker:
         wall: Callable[[], float] = time.time,
         on_symlink: Callable[[Path], None] | None = None,
         on_skip: Callable[[Path, str], None] | None = None,
+        open_hold_seconds: float | None = None,
     ) -> None:
         self.root = root
         self.layout = layout
         self.settle = settle_seconds
+        self.open_hold = (
+            max(MIN_OPEN_HOLD_SECONDS, 10 * settle_seconds)
+            if open_hold_seconds is None
+            else open_hold_seconds
+        )
         self.step_regex = step_regex
         self.other_files = other_files
         self.other_interval = other_interval_seconds
@@ -161,6 +178,21 @@ class CompletionTracker:
         base = self.root / key
         return sum(n for p, n in self._open.items() if p == base or base in p.parents)
 
+    def _drop_handles(self, key: str, unchanged: float) -> None:
+        """Forget the handles counted on ``key``'s files: it stood unchanged past the hold."""
+        base = self.root / key
+        paths = [p for p in self._open if p == base or base in p.parents]
+        for p in paths:
+            del self._open[p]
+        log.warning(
+            "watch.open_handles_dropped",
+            entry=key,
+            files=len(paths),
+            unchanged_seconds=round(unchanged, 1),
+            reason="its files looked open but nothing changed for this long; inotify merges "
+            "equal events queued back to back, so a close may have gone unseen",
+        )
+
     def _skip(self, path: Path, reason: str) -> None:
         if self.on_skip is not None:
             self.on_skip(path, reason)
@@ -247,8 +279,12 @@ class CompletionTracker:
             e.dirty = False
             return None
         stable = now - e.since >= self.settle
-        if not snap or self.writers(key) > 0:
+        if not snap:
             return None
+        if self.writers(key) > 0:
+            if now - e.since < self.open_hold:
+                return None
+            self._drop_handles(key, now - e.since)
         is_dir = (self.root / key).is_dir()
         bad = next(
             (

@@ -1,6 +1,6 @@
 """CompletionTracker driven directly: real files in tmp_path, a fake monotonic clock.
 
-Events are fed the way ``Watcher._feed`` feeds them from watchdog's inotify observer
+Events are fed the way ``Watcher._feed`` feeds them from the inotify source
 (``moved`` becomes ``deleted`` + ``moved_in``; directory ``modified`` is dropped).
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from structlog.testing import capture_logs
 
 from sidecar.model import CheckpointReady, EntryKind
 from sidecar.watch.completion import CompletionTracker
@@ -124,6 +126,53 @@ def test_handle_opened_under_a_temporary_folder_name_follows_the_rename(tmp_path
     assert run_for(t, clock, SETTLE * 3) == [], "the writer's handle is still open"
     t.event(final / "a.bin", "closed")
     assert names(run_for(t, clock, SETTLE + 0.3)) == ["step_3"]
+
+
+def test_a_close_merged_away_holds_an_unchanged_file_only_for_the_open_hold(
+    tmp_path: Path,
+) -> None:
+    """Two readers closed one file back to back and inotify merged the two close events:
+    the count says one handle is open. The file is handed off once it has stood unchanged
+    for the hold (60 s with settle_seconds 1), not never."""
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    tmp = tmp_path / "model_7.pt.tmp"
+    tmp.write_bytes(b"m" * 100)
+    t.event(tmp, "opened")
+    t.event(tmp, "opened")
+    t.event(tmp, "closed_no_write")  # the second close was merged into this one
+    final = tmp_path / "model_7.pt"
+    os.rename(tmp, final)
+    t.moved(tmp, final)
+    t.event(tmp, "deleted")
+    t.event(final, "moved_in")
+    with capture_logs() as logs:
+        assert run_for(t, clock, 59) == [], "held while a handle may be open"
+        assert not logs
+        got = run_for(t, clock, 1.5)
+    assert names(got) == ["model_7.pt"]
+    assert [e["event"] for e in logs] == ["watch.open_handles_dropped"]
+    assert logs[0]["entry"] == "model_7.pt" and logs[0]["files"] == 1
+
+
+def test_a_file_open_and_still_changing_is_held_past_the_open_hold(tmp_path: Path) -> None:
+    """The hold counts unchanged time: a writer that writes every 5 s (pauses longer than
+    settle_seconds, shorter than the hold) is never cut short, however long it writes."""
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    p = tmp_path / "model_8.pt"
+    p.write_bytes(b"")
+    t.event(p, "created")
+    t.event(p, "opened")
+    got: list[CheckpointReady] = []
+    with open(p, "ab") as f:
+        for _ in range(30):  # 150 s of fake time, more than twice the hold
+            f.write(b"w" * 10)
+            f.flush()
+            got += run_for(t, clock, 5.0)
+    assert got == [], "handed off while its writer was still writing"
+    t.event(p, "closed")
+    assert names(run_for(t, clock, 0.3)) == ["model_8.pt"]
 
 
 def test_file_without_close_event_becomes_ready_once_stable(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ def start(
     layout: str = "plain",
     symlinks: list[Path] | None = None,
     settle: float = SETTLE,
+    open_hold: float | None = None,
 ) -> tuple[Watcher, Collector]:
     tracker = CompletionTracker(
         root,
@@ -81,6 +82,7 @@ def start(
         other_interval_seconds=3600.0,
         poll_mode=mode == "poll",
         on_symlink=symlinks.append if symlinks is not None else None,
+        open_hold_seconds=open_hold,
     )
     c = Collector()
     w = Watcher(tracker, c, mode=mode, poll_interval=0.1)
@@ -313,3 +315,25 @@ def test_fs_type_of_a_real_folder_is_read_from_proc_mounts(tmp_path: Path) -> No
 
     assert _fs_type(Path("/proc")) == "proc"
     assert _fs_type(tmp_path) not in (None, "proc")
+
+
+def test_two_handles_closed_back_to_back_do_not_hold_the_file_back(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    # Two readers of one file (the uploader and, say, the trainer checking what it wrote)
+    # close it one right after the other: two equal close events in a row, which the kernel
+    # merges when the first is not read yet. Either both are seen or the open hold (here
+    # 3 s) lets the file go; never does one handle stay open for ever.
+    w, c = start(tmp_path, "inotify", open_hold=3.0)
+    watchers.append(w)
+    tmp = tmp_path / "model_6.pt.tmp"
+    tmp.write_bytes(b"m" * 4096)
+    (tmp_path / "notes.txt.tmp").write_bytes(b"n")
+    first = open(tmp, "rb")  # noqa: SIM115
+    other = open(tmp_path / "notes.txt.tmp", "rb")  # noqa: SIM115  (the opens are not in a row)
+    second = open(tmp, "rb")  # noqa: SIM115
+    second.close()
+    first.close()
+    other.close()
+    os.rename(tmp, tmp_path / "model_6.pt")
+    assert c.wait_name("model_6.pt").files[0].state.size == 4096
