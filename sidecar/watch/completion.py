@@ -6,6 +6,9 @@ returns :class:`CheckpointReady` values for entries that are complete by their l
 * a file checkpoint: closed after writing or renamed into place (event mode), or stable;
 * a folder: no file open for writing, nothing changed for ``settle_seconds``, no temporary
   names inside, and the layout's own rule (``.metadata``, ``latest``, marker ...) holds;
+* other files: closed after writing, or stable, or else as a snapshot every
+  ``other_interval_seconds``; an open handle does not hold them back (a log the trainer keeps
+  open all day is synced as a snapshot);
 * open handles are counted from inotify's open and close events, which the kernel merges
   when two equal ones are queued back to back: a count can stay above zero after the last
   handle closed. So handles hold an unchanged entry back for ``open_hold_seconds`` at most
@@ -178,6 +181,11 @@ class CompletionTracker:
         base = self.root / key
         return sum(n for p, n in self._open.items() if p == base or base in p.parents)
 
+    def _open_other(self, key: str, e: _Entry) -> bool:
+        """An other file still open (a log being appended to): writes make no event the
+        watcher listens for, so only a look after the interval sees them."""
+        return e.kind is EntryKind.OTHER and self.writers(key) > 0
+
     def _drop_handles(self, key: str, unchanged: float) -> None:
         """Forget the handles counted on ``key``'s files: it stood unchanged past the hold."""
         base = self.root / key
@@ -247,7 +255,10 @@ class CompletionTracker:
         if e.snapshot is None:
             return e.last_scan + _MIN_RESCAN if e.last_scan > float("-inf") else self.clock()
         if self.writers(key) > 0:
-            return e.last_scan + max(self.settle, _MIN_RESCAN)
+            look = e.last_scan + max(self.settle, _MIN_RESCAN)
+            if e.kind is EntryKind.OTHER:  # open: its next snapshot is due after the interval
+                return max(look, e.emitted_at + self.other_interval)
+            return look
         if e.fast or not self.layout.needs_settle:
             return e.last_scan + _MIN_RESCAN
         return max(e.since + self.settle, e.last_scan + _MIN_RESCAN)
@@ -275,13 +286,13 @@ class CompletionTracker:
         return ready
 
     def _decide(self, key: str, e: _Entry, snap: Snapshot, now: float) -> CheckpointReady | None:
-        if snap == e.emitted:  # handed off as it is now: nothing to judge again
-            e.dirty = False
+        if snap == e.emitted:  # handed off as it is now: nothing to judge again ...
+            e.dirty = self._open_other(key, e)  # ... unless it is open: it may grow unseen
             return None
         stable = now - e.since >= self.settle
         if not snap:
             return None
-        if self.writers(key) > 0:
+        if e.kind is EntryKind.CHECKPOINT and self.writers(key) > 0:
             if now - e.since < self.open_hold:
                 return None
             self._drop_handles(key, now - e.since)
@@ -312,7 +323,7 @@ class CompletionTracker:
             overdue = now - e.emitted_at >= self.other_interval
             if not ((not self.poll_mode and e.fast) or stable or overdue):
                 return None
-        e.dirty = False
+        e.dirty = self._open_other(key, e)
         e.emitted, e.emitted_at, e.fast = snap, now, False
         return self._ready(key, e.kind, is_dir, snap, now)
 

@@ -6,6 +6,7 @@ Events are fed the way ``Watcher._feed`` feeds them from the inotify source
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -359,6 +360,36 @@ def test_other_files_synced_one_by_one(tmp_path: Path) -> None:
     assert item.kind is EntryKind.OTHER
     assert item.name == "logs/train.log"
     assert item.step is None
+
+
+def test_other_file_held_open_and_written_is_synced_every_interval(tmp_path: Path) -> None:
+    """A log the trainer keeps open and appends to is not "closed" nor "stable": it goes as
+    a snapshot every other_files.interval_seconds (here 5 s), its open handle holding nothing."""
+    clock = Clock()
+    t = CompletionTracker(
+        tmp_path,
+        layout_for("plain"),
+        settle_seconds=SETTLE,
+        other_interval_seconds=5.0,
+        clock=clock,
+        wall=lambda: 1.7e9,
+    )
+    log = tmp_path / "train.log"
+    got: list[tuple[float, int]] = []
+    with open(log, "a") as f:
+        t.event(log, "created")
+        t.event(log, "opened")
+        for i in range(20):  # 20 s of fake time, a line every second
+            f.write(f"step {i}\n")
+            f.flush()
+            for _ in range(10):
+                clock.advance(0.1)
+                got += [(clock.now, item.files[0].state.size) for item in t.tick()]
+    assert len(got) >= 3, f"an open, growing log was synced {len(got)} times in 20 s"
+    times = [at for at, _ in got]
+    assert all(b - a >= 5.0 - 1e-9 for a, b in itertools.pairwise(times))
+    sizes = [size for _, size in got]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1], "each snapshot is the log so far"
 
 
 def test_other_files_disabled_hands_off_nothing(tmp_path: Path) -> None:
