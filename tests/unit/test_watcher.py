@@ -74,12 +74,13 @@ def start(
     symlinks: list[Path] | None = None,
     settle: float = SETTLE,
     open_hold: float | None = None,
+    other_interval: float = 3600.0,
 ) -> tuple[Watcher, Collector]:
     tracker = CompletionTracker(
         root,
         layout_for(layout),
         settle_seconds=settle,
-        other_interval_seconds=3600.0,
+        other_interval_seconds=other_interval,
         poll_mode=mode == "poll",
         on_symlink=symlinks.append if symlinks is not None else None,
         open_hold_seconds=open_hold,
@@ -337,3 +338,32 @@ def test_two_handles_closed_back_to_back_do_not_hold_the_file_back(
     other.close()
     os.rename(tmp, tmp_path / "model_6.pt")
     assert c.wait_name("model_6.pt").files[0].state.size == 4096
+
+
+def test_log_kept_open_and_appended_is_synced_again_and_again(
+    tmp_path: Path, mode: str, watchers: list[Watcher]
+) -> None:
+    # its appends make no event the watcher listens for: the watcher must wake by itself
+    w, c = start(tmp_path, mode, other_interval=0.5)
+    watchers.append(w)
+    stop = threading.Event()
+
+    def append() -> None:
+        with open(tmp_path / "train.log", "a") as f:
+            i = 0
+            while not stop.wait(0.05):
+                f.write(f"step {i}\n")
+                f.flush()
+                i += 1
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        assert c.wait_for(lambda: len(c.named("train.log")) >= 3), (
+            f"synced {len(c.named('train.log'))} times while open"
+        )
+    finally:
+        stop.set()
+        writer.join()
+    sizes = [i.files[0].state.size for i in c.named("train.log")]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
