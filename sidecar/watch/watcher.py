@@ -19,6 +19,7 @@ from watchdog.events import (
     DirCreatedEvent,
     DirDeletedEvent,
     DirMovedEvent,
+    EventsLostEvent,
     FileClosedEvent,
     FileClosedNoWriteEvent,
     FileCreatedEvent,
@@ -59,6 +60,7 @@ EVENTS: list[type[FileSystemEvent]] = [
     FileOpenedEvent,
     FileClosedEvent,
     FileClosedNoWriteEvent,
+    EventsLostEvent,  # the kernel's queue overflowed: events were lost, look at everything
 ]
 
 
@@ -219,6 +221,12 @@ class Watcher:
 
     def _feed(self, ev: FileSystemEvent) -> None:
         kind = ev.event_type
+        if isinstance(ev, EventsLostEvent):
+            # Counted open handles stay as they are: too many only delay (for at most the
+            # tracker's open hold), too few could hand off a file still being written.
+            log.warning("watch.events_lost", path=str(self.root), action="rescanning the folder")
+            self.tracker.rescan_all()
+            return
         if kind == "moved":  # either side is "" when it is outside the root
             src = Path(str(ev.src_path)) if ev.src_path else None
             dest = Path(str(ev.dest_path)) if ev.dest_path else None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from watchdog.events import EventsLostEvent
 
 from sidecar.model import CheckpointReady, EntryKind
 from sidecar.watch.completion import CompletionTracker
@@ -367,3 +368,21 @@ def test_log_kept_open_and_appended_is_synced_again_and_again(
         writer.join()
     sizes = [i.files[0].state.size for i in c.named("train.log")]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+def test_events_lost_make_the_watcher_look_at_everything(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    # the kernel's queue overflowed: a checkpoint whose events were among those lost is
+    # still found (here its events never reached the watcher at all)
+    w, c = start(tmp_path, "inotify")
+    watchers.append(w)
+    w._stop_source()
+    (tmp_path / "model_9.pt").write_bytes(b"m" * 4096)
+    w._start_source()
+    source = w._source
+    assert source is not None and source._emitter is not None
+    with capture_logs() as logs:
+        source._emitter.queue_event(EventsLostEvent(str(tmp_path), is_directory=True))
+        assert c.wait_name("model_9.pt").files[0].state.size == 4096
+    assert "watch.events_lost" in [e["event"] for e in logs]
