@@ -76,7 +76,7 @@ structlog==26.1.0
 typing-inspection==0.4.5
 typing-extensions==4.16.0
 urllib3==2.8.0
-watchdog==7.1.0
+watchdog==7.1.1
 EOF
 
 # The wheel is built in a throw-away venv with pinned build tools (no build isolation, so no
