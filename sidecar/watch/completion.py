@@ -55,6 +55,7 @@ class _Entry:
     emitted: Snapshot | None = None
     emitted_at: float = float("-inf")
     last_scan: float = float("-inf")
+    is_dir: bool = False  # known from its first judgement on
 
 
 class CompletionTracker:
@@ -259,7 +260,7 @@ class CompletionTracker:
             if e.kind is EntryKind.OTHER:  # open: its next snapshot is due after the interval
                 return max(look, e.emitted_at + self.other_interval)
             return look
-        if e.fast or not self.layout.needs_settle:
+        if (e.fast and not e.is_dir) or not self.layout.needs_settle:  # fast: files only
             return e.last_scan + _MIN_RESCAN
         return max(e.since + self.settle, e.last_scan + _MIN_RESCAN)
 
@@ -296,7 +297,7 @@ class CompletionTracker:
             if now - e.since < self.open_hold:
                 return None
             self._drop_handles(key, now - e.since)
-        is_dir = (self.root / key).is_dir()
+        is_dir = e.is_dir = (self.root / key).is_dir()
         bad = next(
             (
                 (rel, name_problem(part))

@@ -176,6 +176,27 @@ def test_a_file_open_and_still_changing_is_held_past_the_open_hold(tmp_path: Pat
     assert names(run_for(t, clock, 0.3)) == ["model_8.pt"]
 
 
+def test_folder_renamed_into_place_is_looked_at_again_only_when_settled(tmp_path: Path) -> None:
+    """A rename makes a single file complete at once; a folder still waits settle_seconds,
+    and in that time it is not scanned again and again (10,000 files each time)."""
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    stage = tmp_path / "step_4.partial"
+    stage.mkdir()
+    for i in range(3):
+        (stage / f"{i}.bin").write_bytes(b"x")
+    final = tmp_path / "step_4"
+    os.rename(stage, final)
+    t.moved(stage, final)
+    t.event(stage, "deleted", is_dir=True)
+    t.event(final, "moved_in", is_dir=True)
+    clock.advance(0.1)
+    assert t.tick() == []
+    assert t.next_deadline() == clock.now + SETTLE
+    clock.advance(SETTLE)
+    assert names(t.tick()) == ["step_4"]
+
+
 def test_file_without_close_event_becomes_ready_once_stable(tmp_path: Path) -> None:
     clock = Clock()
     t = tracker(tmp_path, clock)

@@ -6,13 +6,20 @@ import os
 import queue
 from pathlib import Path
 
-from watchdog.events import DirModifiedEvent, FileClosedNoWriteEvent, FileSystemEvent
+from watchdog.events import (
+    DirModifiedEvent,
+    FileClosedNoWriteEvent,
+    FileCreatedEvent,
+    FileSystemEvent,
+)
 
 from sidecar.watch.inotify import InotifySource
 from sidecar.watch.watcher import EVENTS
 
 
-def test_equal_events_back_to_back_both_reach_the_queue(tmp_path: Path) -> None:
+def test_equal_events_back_to_back_both_reach_the_queue_and_made_up_ones_do_not(
+    tmp_path: Path,
+) -> None:
     # watchdog's observer queue drops an event equal to the one before it; two handles on
     # one file closed in a row are two equal events and the tracker counts both
     sink: queue.SimpleQueue[FileSystemEvent] = queue.SimpleQueue()
@@ -25,6 +32,7 @@ def test_equal_events_back_to_back_both_reach_the_queue(tmp_path: Path) -> None:
         emitter.queue_event(FileClosedNoWriteEvent(path))
         emitter.queue_event(FileClosedNoWriteEvent(path))
         emitter.queue_event(DirModifiedEvent(str(tmp_path)))  # not asked for
+        emitter.queue_event(FileCreatedEvent(path, is_synthetic=True))  # made up by watchdog
     finally:
         source.stop()
     got = []
