@@ -9,9 +9,8 @@ returns :class:`CheckpointReady` values for entries that are complete by their l
 * other files: closed after writing, or stable, or else as a snapshot every
   ``other_interval_seconds``; an open handle does not hold them back (a log the trainer keeps
   open all day is synced as a snapshot);
-* open handles are counted from inotify's open and close events, which the kernel merges
-  when two equal ones are queued back to back: a count can stay above zero after the last
-  handle closed. So handles hold an unchanged entry back for ``open_hold_seconds`` at most
+* open handles (:class:`OpenHandles`, counted from inotify's open and close events, which the
+  kernel may merge) hold an unchanged checkpoint back for ``open_hold_seconds`` at most
   (default: ten times ``settle_seconds``, at least 60 s); after that its counts are dropped
   (``watch.open_handles_dropped`` is logged) and it is judged as if closed;
 * polling mode: every file's (size, mtime_ns, inode) unchanged across two scans at least
@@ -31,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
+from sidecar.watch.handles import OpenHandles
 from sidecar.watch.layouts import Layout, is_temporary, name_problem, step_of
 from sidecar.watch.scan import Snapshot, scan_entry
 
@@ -94,7 +94,7 @@ class CompletionTracker:
         self.on_symlink = on_symlink
         self.on_skip = on_skip
         self.entries: dict[str, _Entry] = {}
-        self._open: dict[Path, int] = {}  # path -> open handles seen (inotify IN_OPEN/IN_CLOSE)
+        self.handles = OpenHandles()
 
     # -- classification ------------------------------------------------------------------
     def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
@@ -142,14 +142,10 @@ class CompletionTracker:
         # reads make two such events per file), and a handle opened under a temporary name
         # still counts after the rename into place.
         if kind == "opened":
-            self._open[path] = self._open.get(path, 0) + 1
+            self.handles.opened(path)
             return
         if kind in ("closed", "closed_no_write"):
-            left = self._open.get(path, 0) - 1
-            if left > 0:
-                self._open[path] = left
-            else:
-                self._open.pop(path, None)
+            self.handles.closed(path)
             if kind == "closed_no_write":
                 return
         found = self.key_of(path)
@@ -170,17 +166,11 @@ class CompletionTracker:
         """A rename: open handles follow the file (later writes and the close use ``dest``).
         ``dest`` None: moved out of the root, whose events no longer reach us, so its handles
         are forgotten (a new file at ``src`` does not inherit them)."""
-        for path in [p for p in self._open if p == src or src in p.parents]:
-            count = self._open.pop(path)
-            if dest is None:
-                continue
-            new = dest / path.relative_to(src) if path != src else dest
-            self._open[new] = self._open.get(new, 0) + count
+        self.handles.moved(src, dest)
 
     def writers(self, key: str) -> int:
         """Open handles on files of the entry ``key`` (opened and not yet closed)."""
-        base = self.root / key
-        return sum(n for p, n in self._open.items() if p == base or base in p.parents)
+        return self.handles.count(self.root / key)
 
     def _open_other(self, key: str, e: _Entry) -> bool:
         """An other file still open (a log being appended to): writes make no event the
@@ -189,14 +179,11 @@ class CompletionTracker:
 
     def _drop_handles(self, key: str, unchanged: float) -> None:
         """Forget the handles counted on ``key``'s files: it stood unchanged past the hold."""
-        base = self.root / key
-        paths = [p for p in self._open if p == base or base in p.parents]
-        for p in paths:
-            del self._open[p]
+        files = self.handles.forget(self.root / key)
         log.warning(
             "watch.open_handles_dropped",
             entry=key,
-            files=len(paths),
+            files=files,
             unchanged_seconds=round(unchanged, 1),
             reason="its files looked open but nothing changed for this long; inotify merges "
             "equal events queued back to back, so a close may have gone unseen",
