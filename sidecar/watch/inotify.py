@@ -56,8 +56,8 @@ class InotifySource:
 
     Guarantees: each inotify event of a type in ``events`` reaches ``sink`` once, in the
     order the kernel gave it; events watchdog makes up for a folder's contents do not.
-    ``start`` raises ``OSError`` when inotify cannot
-    be set up (the per-user instance or watch limits); ``stop`` may be called any time.
+    ``start`` raises ``OSError`` when inotify cannot be set up (the per-user instance or
+    watch limits); ``stop`` may be called any time.
     """
 
     def __init__(

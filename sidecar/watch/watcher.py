@@ -90,7 +90,7 @@ def choose_mode(mode: str, path: Path) -> str:
     if fs in NETWORK_FS or fs.startswith("fuse"):
         return "poll"
     try:
-        from watchdog.observers.inotify import InotifyObserver  # noqa: F401
+        import sidecar.watch.inotify  # noqa: F401  (what inotify mode runs on)
     except (ImportError, OSError):
         return "poll"
     return "inotify"
