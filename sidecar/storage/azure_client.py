@@ -26,7 +26,7 @@ from azure.storage.blob import (
 from urllib3.util.retry import Retry
 
 from sidecar.storage.base import PermanentError
-from sidecar.storage.body import BlockwiseAdapter
+from sidecar.storage.blockwise import BlockwiseAdapter
 from sidecar.storage.http_env import ca_bundle, read_env_once
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.url import DestinationUrl

@@ -7,20 +7,16 @@ less than 0.8 MiB/s was closed, sent again, closed again, and the upload never f
 (bench/drain.md). A file-like body is read and sent in blocks of :data:`BLOCK` bytes, each
 with the timeout to itself, so only a connection that stalls for that long fails.
 
-:class:`BytesBody` is that file over bytes already in memory, without copying them;
-:class:`BlockwiseAdapter` is a requests adapter that sends every ``bytes`` body through one.
+:class:`BytesBody` is that file over bytes already in memory, without copying them (the S3
+client sends its parts through one); ``sidecar.storage.blockwise`` does the same for the
+requests-based clients (GCS, Azure). Nothing here imports requests.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from requests import PreparedRequest, Response
-from requests.adapters import HTTPAdapter
-from urllib3.poolmanager import PoolKey
-
-__all__ = ["BLOCK", "BlockwiseAdapter", "BytesBody"]
+__all__ = ["BLOCK", "BytesBody"]
 
 #: Bytes per send: botocore's choice for urllib3 2 (16 KiB, urllib3's default, costs CPU).
 BLOCK = 128 * 1024
@@ -57,27 +53,3 @@ class BytesBody:
 
     def seekable(self) -> bool:
         return True
-
-
-class BlockwiseAdapter(HTTPAdapter):
-    """A requests adapter that sends ``bytes`` bodies as :class:`BytesBody`, in sends of
-    :data:`BLOCK` bytes (where urllib3 takes a block size)."""
-
-    def init_poolmanager(
-        self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
-    ) -> None:
-        if hasattr(PoolKey, "key_blocksize"):  # urllib3 2
-            pool_kwargs.setdefault("blocksize", BLOCK)
-        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-
-    def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
-        """Send ``request``; its ``body`` is the same ``bytes`` again afterwards (a redirect
-        or a caller that sends it again sees the whole body, not a read-out file)."""
-        body = request.body
-        if not isinstance(body, bytes):
-            return super().send(request, *args, **kwargs)
-        request.body = BytesBody(body)  # type: ignore[assignment]
-        try:
-            return super().send(request, *args, **kwargs)
-        finally:
-            request.body = body

@@ -16,7 +16,7 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 
 from sidecar.storage.base import PermanentError
-from sidecar.storage.body import BlockwiseAdapter
+from sidecar.storage.blockwise import BlockwiseAdapter
 from sidecar.storage.http_env import read_env_once
 from sidecar.storage.options import GcsOptions
 
