@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench._common import MiB, Report, md_table
+from bench._common import MiB, Report, md_table, write_file
 from sidecar.storage.body import BLOCK
 from sidecar.storage.checksum import Crc32c
 
@@ -99,10 +99,8 @@ def main() -> int:
     per: dict[str, list[float]] = {s: [] for s in STEPS}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         path = Path(tmp) / "data.bin"
-        with open(path, "wb") as f:
-            for _ in range(args.mib):
-                f.write(os.urandom(MiB))
-        size = path.stat().st_size
+        size = args.mib * MiB
+        write_file(path, size, seed=1)
         one_pass(path, size, "read")  # into the page cache before the first timed pass
         for run in range(args.runs):
             for step in STEPS:
