@@ -1,7 +1,7 @@
 """``gs://bucket/prefix`` destinations, with google-cloud-storage.
 
-Keys are relative to the prefix. Files up to 8 MiB (and at most one chunk) go up in one
-request carrying their CRC32C in the object metadata; larger ones through a resumable
+Keys are relative to the prefix. Files up to 1 MiB (and at most one chunk) go up in one
+request carrying their CRC32C in the object metadata; larger ones stream through a resumable
 session (:mod:`sidecar.storage.gcs_resumable`), and very large ones on real GCS through
 the XML multipart API (:mod:`sidecar.storage.gcs_xml`). Either way the CRC32C is
 computed while the file is read and GCS checks it before the object exists; the object
@@ -41,7 +41,7 @@ from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_client import connect
 from sidecar.storage.gcs_errors import CorruptedInTransit, map_error
 from sidecar.storage.gcs_io import CrcWriter, info_of, resource_of
-from sidecar.storage.gcs_resumable import upload_resumable
+from sidecar.storage.gcs_resumable import BLOCK, upload_resumable
 from sidecar.storage.gcs_xml import abort_stale_uploads, upload_xml_multipart
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import GcsOptions
@@ -52,7 +52,13 @@ if TYPE_CHECKING:
 
 __all__ = ["GcsBackend", "create"]
 
-SIMPLE_MAX = 8 * 1024 * 1024
+#: Files up to this size go up in one request, read whole: the library builds that request's
+#: body from the bytes, so such a file is held about three times over while it goes up (18.9
+#: MB traced for a 6 MiB file, tests/storage/test_gcs_uploads.py). Larger files stream
+#: through a resumable session (one request more), a block at a time. At 8 MiB (the
+#: library's own cut-off) the daemon peaked at 150.3-152.7 MB on 10 GiB of files of 1-64 MiB,
+#: four at once; at one block (1 MiB), 88.9 MB (bench/memory.md).
+SIMPLE_MAX = BLOCK
 XML_AUTO_THRESHOLD = 1024**3
 _TIMEOUT = (10.0, 120.0)
 _RETRY = DEFAULT_RETRY.with_timeout(30.0)  # idempotent calls only; the pool retries the rest
