@@ -13,14 +13,18 @@ the backends' own part/block/chunk defaults) except what the test harness always
 logs, admin port 0 (a free port), no preemption source. The data and the uploaded copies are
 deleted afterwards.
 
-GCS is measured at ``--gcs-gib`` (2 by default), not 10 GiB: neither local emulator can take
-a 10 GiB object on a 24 GiB machine. Both hold an object being uploaded in memory, whole:
+GCS is measured at ``--gcs-gib`` (2 by default): neither local emulator can take a 10 GiB
+object on a 24 GiB machine. Both hold an object being uploaded in memory, whole:
 gcp-storage-emulator (the default here) re-reads and re-writes the partial object on every
 request (about 2 x the object at its peak); fake-gcs-server appends each request's body and
-hashes the whole content again (6.6 GiB peak RSS for a 1 GiB upload).
+hashes the whole content again (6.6 GiB peak RSS for a 1 GiB upload). The ``mixed`` shape
+(objects of at most 64 MiB) fits at 10 GiB on fake-gcs-server, which keeps finished objects
+on disk (under 1 GiB of server RSS); gcp-storage-emulator here keeps them in memory.
 
     .venv/bin/python -m bench.memory --backends s3,file --shapes one,four
     .venv/bin/python -m bench.memory --backends gcs,azure --shapes one,four
+    .venv/bin/python -m bench.memory --backends gcs --shapes mixed --gcs-gib 10 \
+        --gcs-emulator fake-gcs-server
 """
 
 from __future__ import annotations
@@ -161,7 +165,8 @@ def main() -> None:
         "--gcs-gib",
         type=float,
         default=2.0,
-        help="checkpoint size for gcs: the emulators hold an upload in memory, whole",
+        help="checkpoint size for gcs: the emulators hold an upload in memory, whole "
+        "(the mixed shape fits at 10 on fake-gcs-server)",
     )
     p.add_argument("--gcs-emulator", choices=GCS_EMULATORS, default="gcp-storage-emulator")
     p.add_argument(
