@@ -17,12 +17,26 @@ from sidecar.storage.base import PermanentError
 from sidecar.storage.body import BytesBody
 from sidecar.storage.options import S3Options
 
-__all__ = ["CONNECT_TIMEOUT_SECONDS", "full_crc", "make_client", "store_time", "write_args"]
+__all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
+    "EXPECT_CONTINUE_MIN_BYTES",
+    "full_crc",
+    "make_client",
+    "no_expect_for_small_bodies",
+    "store_time",
+    "write_args",
+]
 
 #: Seconds to wait for a TCP connection (botocore's default is 60: with its 3 attempts, a
 #: firewalled endpoint stalled start-up for 3 minutes before the first log line). Reads keep
 #: botocore's 60 s.
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+#: PutObject and UploadPart bodies at least this large wait for the store's ``100 Continue``
+#: before they are sent; smaller ones go with their headers. Waiting costs a round trip per
+#: request, worth it only when a refused body would be large to send for nothing. The AWS
+#: SDKs for Go and Kotlin draw the same line (``ContinueHeaderThresholdBytes``, 2 MB).
+EXPECT_CONTINUE_MIN_BYTES = 2 * 1024 * 1024
 
 
 def make_client(opts: S3Options, *, pool_size: int) -> Any:
@@ -61,6 +75,7 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
             "(or AWS_ENDPOINT_URL_S3 / AWS_REGION)"
         ) from e
     _send_bodies_as_read(client)
+    _expect_continue_for_large_bodies(client)
     return client
 
 
@@ -72,9 +87,10 @@ def _send_bodies_as_read(client: Any) -> None:
     block by block: one more copy of every byte uploaded, 0.1-0.15 CPU-s/GB here
     (bench/s3.md). A :class:`BytesBody` hands out the same blocks without copying. Sent as
     one block, a body had to go up within the connect timeout on a new connection
-    (:mod:`.body`). Being file-like, it also gets botocore's ``Expect: 100-continue``, so a
-    request the store refuses (a redirect, a failed precondition, a bad credential) is
-    refused before its body is sent, and a retry rewinds it.
+    (:mod:`.body`). Being file-like, it also gets botocore's ``Expect: 100-continue`` (when
+    large, :func:`_expect_continue_for_large_bodies`), so a request the store refuses (a
+    redirect, a failed precondition, a bad credential) is refused before its body is sent,
+    and a retry rewinds it.
     """
     events = client.meta.events
     for op in ("PutObject", "UploadPart"):
@@ -86,6 +102,22 @@ def _send_bodies_as_read(client: Any) -> None:
 def _body_in_blocks(params: dict[str, Any], **_: Any) -> None:
     if isinstance(params.get("Body"), bytes | memoryview):
         params["Body"] = BytesBody(params["Body"])
+
+
+def _expect_continue_for_large_bodies(client: Any) -> None:
+    """Drop botocore's ``Expect: 100-continue`` (which it adds to every file-like body) from
+    bodies below :data:`EXPECT_CONTINUE_MIN_BYTES`: small files, manifests and short last
+    parts go up in one round trip instead of two (bench/s3.md: 3,000 files of 4 KiB took
+    14-24 % less time and CPU against SeaweedFS)."""
+    # botocore adds the header on "before-call.s3"; registered last, this runs after it.
+    client.meta.events.register_last("before-call.s3", no_expect_for_small_bodies)
+
+
+def no_expect_for_small_bodies(params: dict[str, Any], **_: Any) -> None:
+    """The "before-call.s3" handler :func:`make_client` registers (see above)."""
+    body = params.get("body")
+    if isinstance(body, BytesBody) and len(body) < EXPECT_CONTINUE_MIN_BYTES:
+        params["headers"].pop("Expect", None)
 
 
 def write_args(opts: S3Options) -> dict[str, Any]:

@@ -48,6 +48,35 @@ def test_single_put_checksum_is_sent_and_on_head(
     backend.close()
 
 
+def test_only_large_bodies_wait_for_the_stores_go_ahead(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    # Waiting for "100 Continue" costs a round trip a request: a small file, or the short
+    # last part of a large one, goes with its headers; a 5 MiB part waits.
+    small = tmp_path / "config.bin"
+    small.write_bytes(os.urandom(100_000))
+    big = tmp_path / "model.bin"
+    big.write_bytes(os.urandom(2 * 5 * MiB + 777))
+    backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
+    backend.put_file("config.bin", small)
+    backend.put_file("model.bin", big)
+    waited = {
+        (r.path.split("?")[0].rsplit("/", 1)[-1], r.body_size): any(
+            k.lower() == "expect" and v == "100-continue" for k, v in r.headers.items()
+        )
+        for r in s3_proxy.requests
+        if r.method == "PUT"
+    }
+    assert waited == {
+        ("config.bin", 100_000): False,
+        ("model.bin", 5 * MiB): True,
+        ("model.bin", 777): False,
+    }
+    assert backend.head("config.bin").crc32c == crc32c_of_file(small)
+    assert backend.head("model.bin").crc32c == crc32c_of_file(big)
+    backend.close()
+
+
 def test_parts_go_up_in_parallel_and_bounded(
     s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
 ) -> None:
