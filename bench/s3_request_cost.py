@@ -126,7 +126,7 @@ def main() -> int:
                 "CPU-s per GB in parts of this size",
             ],
             rows,
-            right=3,
+            right=2,
         )
     )
     return 0
