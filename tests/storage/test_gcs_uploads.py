@@ -40,43 +40,32 @@ def test_resumable_upload_goes_in_chunks_and_records_crc32c(
     backend.close()
 
 
-def test_an_upload_streams_the_file_instead_of_holding_a_chunk(
-    server: GcsServer, tmp_path: Path
+@pytest.mark.parametrize(
+    ("mib", "limit_mib"),
+    [
+        (48, 8),  # one request by default (up to 100 MiB): a few 1 MiB blocks, not the request
+        # Under 8 MiB, the library's own one-request cut-off, such a file was read whole and
+        # held about three times over (18.9 MB traced for 6 MiB): a block or two now.
+        (6, 3),
+    ],
+)
+def test_an_upload_streams_the_file_instead_of_holding_it(
+    server: GcsServer, tmp_path: Path, mib: int, limit_mib: int
 ) -> None:
-    data = os.urandom(48 * 1024 * KiB)
+    data = os.urandom(mib * 1024 * KiB)
     src = tmp_path / "model.pt"
     src.write_bytes(data)
-    backend = gcs_backend(server.url, server.new_bucket())  # default: 100 MiB per request
+    backend = gcs_backend(server.url, server.new_bucket())
     tracemalloc.start()
     try:
         info = backend.put_file("model.pt", src)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 8 * 1024 * KiB  # a few 1 MiB blocks, not the 48 MiB request
+    assert peak < limit_mib * 1024 * KiB
     assert info.crc32c == crc32c_of_bytes(data)
+    assert backend.head("model.pt").crc32c == crc32c_of_bytes(data)
     assert backend.get_bytes("model.pt") == data
-    backend.close()
-
-
-def test_a_file_of_a_few_mib_is_streamed_not_read_whole(server: GcsServer, tmp_path: Path) -> None:
-    # Under 8 MiB, the library's own one-request cut-off, such a file was read whole and
-    # held about three times over (the bytes and the request body built from them): 18.9 MB
-    # traced for this one.
-    data = os.urandom(6 * 1024 * KiB)
-    src = tmp_path / "optimizer.pt"
-    src.write_bytes(data)
-    backend = gcs_backend(server.url, server.new_bucket())
-    tracemalloc.start()
-    try:
-        info = backend.put_file("optimizer.pt", src)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 3 * 1024 * KiB  # a block or two of 1 MiB, not the file
-    assert info.crc32c == crc32c_of_bytes(data)
-    assert backend.head("optimizer.pt").crc32c == crc32c_of_bytes(data)
-    assert backend.get_bytes("optimizer.pt") == data
     backend.close()
 
 
