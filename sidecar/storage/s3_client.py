@@ -75,7 +75,8 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
             "(or AWS_ENDPOINT_URL_S3 / AWS_REGION)"
         ) from e
     _send_bodies_as_read(client)
-    _expect_continue_for_large_bodies(client)
+    # botocore adds the header on "before-call.s3"; registered last, this runs after it.
+    client.meta.events.register_last("before-call.s3", no_expect_for_small_bodies)
     return client
 
 
@@ -88,7 +89,7 @@ def _send_bodies_as_read(client: Any) -> None:
     (bench/s3.md). A :class:`BytesBody` hands out the same blocks without copying. Sent as
     one block, a body had to go up within the connect timeout on a new connection
     (:mod:`.body`). Being file-like, it also gets botocore's ``Expect: 100-continue`` (when
-    large, :func:`_expect_continue_for_large_bodies`), so a request the store refuses (a
+    large, :func:`no_expect_for_small_bodies`), so a request the store refuses (a
     redirect, a failed precondition, a bad credential) is refused before its body is sent,
     and a retry rewinds it.
     """
@@ -104,17 +105,12 @@ def _body_in_blocks(params: dict[str, Any], **_: Any) -> None:
         params["Body"] = BytesBody(params["Body"])
 
 
-def _expect_continue_for_large_bodies(client: Any) -> None:
+def no_expect_for_small_bodies(params: dict[str, Any], **_: Any) -> None:
     """Drop botocore's ``Expect: 100-continue`` (which it adds to every file-like body) from
     bodies below :data:`EXPECT_CONTINUE_MIN_BYTES`: small files, manifests and short last
     parts go up in one round trip instead of two (bench/s3.md: 3,000 files of 4 KiB took
-    14-24 % less time and CPU against SeaweedFS)."""
-    # botocore adds the header on "before-call.s3"; registered last, this runs after it.
-    client.meta.events.register_last("before-call.s3", no_expect_for_small_bodies)
-
-
-def no_expect_for_small_bodies(params: dict[str, Any], **_: Any) -> None:
-    """The "before-call.s3" handler :func:`make_client` registers (see above)."""
+    14-24 % less time and CPU against SeaweedFS). A "before-call.s3" handler of every
+    client :func:`make_client` builds."""
     body = params.get("body")
     if isinstance(body, BytesBody) and len(body) < EXPECT_CONTINUE_MIN_BYTES:
         params["headers"].pop("Expect", None)
