@@ -57,7 +57,7 @@ __all__ = ["GcsBackend", "create"]
 #: MB traced for a 6 MiB file, tests/storage/test_gcs_uploads.py). Larger files stream
 #: through a resumable session (one request more), a block at a time. At 8 MiB (the
 #: library's own cut-off) the daemon peaked at 150.3-152.7 MB on 10 GiB of files of 1-64 MiB,
-#: four at once; at one block (1 MiB), 88.9 MB (bench/memory.md).
+#: four at once; at one block (1 MiB), 88.7-88.9 MB (bench/memory.md).
 SIMPLE_MAX = BLOCK
 XML_AUTO_THRESHOLD = 1024**3
 _TIMEOUT = (10.0, 120.0)
