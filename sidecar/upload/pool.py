@@ -7,7 +7,8 @@ Guarantees of :meth:`UploaderPool.upload_files`:
 * a file whose (size, mtime_ns, inode) differs before and after the read raises
   :class:`FileChanged`: that upload never counts;
 * transient store errors are retried with backoff; the first failure cancels the other
-  files of the set and is raised (``FileNotFoundError`` for a vanished file).
+  files of the set and is raised (``FileNotFoundError`` for a vanished file);
+* otherwise one result per job is returned, in the order of the jobs.
 """
 
 from __future__ import annotations
@@ -97,17 +98,22 @@ class UploaderPool:
 
     def upload_files(self, jobs: Sequence[FileJob], cancel: threading.Event) -> list[UploadResult]:
         futures = [self._executor.submit(self._one, job, cancel) for job in jobs]
-        results: list[UploadResult] = []
         try:
-            for fut in concurrent.futures.as_completed(futures):
-                results.append(fut.result())
+            # One wake-up for the whole set, not one per file (bench/commit_latency.md).
+            _, pending = concurrent.futures.wait(
+                futures, return_when=concurrent.futures.FIRST_EXCEPTION
+            )
+            if pending:  # a file failed: raise its error; the others are stopped below
+                for f in futures:
+                    if f.done():
+                        f.result()
+            return [f.result() for f in futures]
         except BaseException:
             cancel.set()
             for f in futures:
                 f.cancel()
             concurrent.futures.wait(futures)
             raise
-        return results
 
     def _progress(self, key: str, cancel: threading.Event) -> Callable[[int], None]:
         next_log = time.monotonic() + PROGRESS_LOG_SECONDS

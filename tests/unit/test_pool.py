@@ -166,6 +166,39 @@ def test_permanent_error_is_raised_not_retried(tmp_path: Path) -> None:
         r.pool.close()
 
 
+class StallsUntilCancelled(Recording):
+    """put_file of key ``bad`` fails at once; every other put waits for ``cancel`` (at most
+    30 s) and notes whether it came."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        super().__init__(MemoryBackend(f"pool-{uuid.uuid4().hex}"))
+        self.cancel = cancel
+        self.saw_cancel: list[bool] = []
+
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        self._rec("put_file", key)
+        if key == "bad":
+            raise PermanentError("access denied; grant s3:PutObject")
+        self.saw_cancel.append(self.cancel.wait(30))
+        raise Cancelled(key)
+
+
+def test_a_failure_cancels_the_uploads_still_running(tmp_path: Path) -> None:
+    """The failing file is the last of the set: the pool must not wait for the ones before
+    it to finish on their own before it stops them."""
+    cancel = threading.Event()
+    backend = StallsUntilCancelled(cancel)
+    r = PoolRig(backend)
+    try:
+        paths = files(tmp_path, 3)
+        jobs = [job(paths[0], "a"), job(paths[1], "b"), job(paths[2], "bad")]
+        with pytest.raises(PermanentError, match="access denied"):
+            r.pool.upload_files(jobs, cancel)
+        assert backend.saw_cancel == [True, True]
+    finally:
+        r.pool.close()
+
+
 def test_unchanged_file_is_copied_from_the_reference(tmp_path: Path, rig: PoolRig) -> None:
     [p] = files(tmp_path, 1)
     rig.backend.inner.put_file("old/f0.bin", p)
