@@ -138,10 +138,11 @@ class S3Backend(Backend):
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
         """Stream ``path`` up; parts in parallel from ``multipart_threshold_bytes`` on.
 
-        The file is read once, on the backend's one reading thread, which also computes
-        the CRC32C and calls ``progress`` for each part (or small file) as it is handed
-        to the upload. All uploads of this backend together hold at most
-        ``part_concurrency`` buffers of ``max(part_size_bytes, multipart_threshold_bytes)``.
+        The file is read once, with its CRC32C in the same pass; ``progress`` is called for
+        each part (or small file) as it is handed to the upload. Parts are read on the
+        backend's one reading thread, a file below the threshold by the calling thread. All
+        uploads of this backend together hold at most ``part_concurrency`` buffers of
+        ``max(part_size_bytes, multipart_threshold_bytes)``.
         Cancelling aborts the multipart upload before re-raising.
         """
         full = self.object_key(key)
@@ -165,7 +166,7 @@ class S3Backend(Backend):
         try:
             buf = self._buffers.take(size + 1)
             try:
-                body, crc = self._reader.submit(_read_small, path, buf, progress).result()
+                body, crc = _read_small(path, buf, progress)  # no hand-off for a small file
                 r = self._put(key, body, crc)
             finally:
                 self._buffers.give(buf)
