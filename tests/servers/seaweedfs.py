@@ -246,10 +246,11 @@ class S3Proxy:
     or refuse chosen ones, to show what the store does with them.
 
     ``corrupt(match, times)`` flips a byte in the body of the next ``times`` requests whose
-    ``METHOD path?query`` contains ``match``; ``refuse(match, times, status, code)`` answers
-    them with an S3 error instead of forwarding; ``lose(match, times)`` forwards them but drops
-    the reply; ``hold(match)`` stops the next such request
-    at the proxy until the test releases it (to kill the client at that exact moment).
+    ``METHOD path?query`` contains ``match`` (in the reply, for a request without a body);
+    ``refuse(match, times, status, code)`` answers them with an S3 error instead of
+    forwarding; ``lose(match, times)`` forwards them but drops the reply; ``hold(match)``
+    stops the next such request at the proxy until the test releases it (to kill the client
+    at that exact moment).
     Signatures stay valid because payloads are sent unsigned (their CRC32C protects them) and
     the Host header is kept.
     """
@@ -354,6 +355,8 @@ class S3Proxy:
             data = resp.read()
         finally:
             conn.close()
+        if rule and rule[0] == "corrupt" and not body and data:
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
         record.status = resp.status
         record.ended = time.monotonic()
         if held is not None:

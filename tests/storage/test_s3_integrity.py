@@ -53,6 +53,46 @@ def test_bytes_damaged_every_time_raise_a_retryable_checksum_error(
     backend.close()
 
 
+def test_a_large_object_comes_down_in_ranges_pinned_to_its_etag(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    data = os.urandom(3 * 5 * MiB + 1)
+    src = tmp_path / "w.pt"
+    src.write_bytes(data)
+    backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
+    backend.put_file("w.pt", src)
+    seen: list[int] = []
+    info = backend.get_file("w.pt", tmp_path / "back.pt", progress=seen.append)
+    assert (tmp_path / "back.pt").read_bytes() == data
+    assert info.crc32c == crc32c_of_bytes(data) and sum(seen) == len(data)
+    ranged = [r for r in s3_proxy.requests if r.method == "GET" and "Range" in r.headers]
+    assert sorted(r.headers["Range"] for r in ranged) == [
+        "bytes=0-5242879",
+        "bytes=10485760-15728639",
+        "bytes=15728640-15728640",
+        "bytes=5242880-10485759",
+    ]
+    assert all(r.headers.get("If-Match") for r in ranged)
+    backend.close()
+
+
+def test_bytes_damaged_on_the_way_down_fail_a_ranged_download(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    """A ranged GET carries no checksum of its own: the CRC32C combined from the ranges,
+    checked against the store's whole-object one, is what catches it."""
+    data = os.urandom(3 * 5 * MiB + 1)
+    src = tmp_path / "w.pt"
+    src.write_bytes(data)
+    backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
+    backend.put_file("w.pt", src)
+    s3_proxy.corrupt("GET /", times=100)
+    with pytest.raises(ChecksumMismatch, match="the store reports"):
+        backend.get_file("w.pt", tmp_path / "back.pt")
+    assert not (tmp_path / "back.pt").exists()
+    backend.close()
+
+
 def test_copy_moves_no_bytes_through_the_client(
     s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
 ) -> None:
