@@ -10,6 +10,7 @@ import pytest
 
 from sidecar.storage.base import AlreadyExists, ChecksumMismatch, TransientError
 from sidecar.storage.checksum import crc32c_of_bytes
+from sidecar.storage.s3 import S3Backend
 from tests.conformance.test_s3 import MiB, s3_backend
 from tests.servers.seaweedfs import S3Proxy, S3Server, new_bucket
 
@@ -53,14 +54,23 @@ def test_bytes_damaged_every_time_raise_a_retryable_checksum_error(
     backend.close()
 
 
-def test_a_large_object_comes_down_in_ranges_pinned_to_its_etag(
+def stored_through_proxy(
     s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
-) -> None:
+) -> tuple[S3Backend, bytes]:
+    """A backend talking through the proxy, and the bytes of ``w.pt`` it stored (three and a
+    bit parts of 5 MiB)."""
     data = os.urandom(3 * 5 * MiB + 1)
     src = tmp_path / "w.pt"
     src.write_bytes(data)
     backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
     backend.put_file("w.pt", src)
+    return backend, data
+
+
+def test_a_large_object_comes_down_in_ranges_pinned_to_its_etag(
+    s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    backend, data = stored_through_proxy(s3_env, s3_proxy, tmp_path)
     seen: list[int] = []
     info = backend.get_file("w.pt", tmp_path / "back.pt", progress=seen.append)
     assert (tmp_path / "back.pt").read_bytes() == data
@@ -81,11 +91,7 @@ def test_bytes_damaged_on_the_way_down_fail_a_ranged_download(
 ) -> None:
     """A ranged GET carries no checksum of its own: the CRC32C combined from the ranges,
     checked against the store's whole-object one, is what catches it."""
-    data = os.urandom(3 * 5 * MiB + 1)
-    src = tmp_path / "w.pt"
-    src.write_bytes(data)
-    backend = s3_backend(s3_env, new_bucket(s3_env), endpoint_url=s3_proxy.endpoint_url)
-    backend.put_file("w.pt", src)
+    backend, _ = stored_through_proxy(s3_env, s3_proxy, tmp_path)
     s3_proxy.corrupt("GET /", times=100)
     with pytest.raises(ChecksumMismatch, match="the store reports"):
         backend.get_file("w.pt", tmp_path / "back.pt")
