@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
+from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 
+from sidecar.fanout import all_results
 from sidecar.storage.base import Cancelled, Progress, TransientError
 from sidecar.storage.checksum import Crc32c
 
@@ -45,23 +46,18 @@ def download_in_ranges(
         for s in starts:
             n = min(range_size, size - s)
             futures.append(pool.submit(_one_range, read_range, fd, s, n, stop, progress))
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
-            failed.result()  # the first failure, before any range was told to stop
-        whole = Crc32c()
-        for s, fut in zip(starts, futures, strict=True):
-            whole.extend(fut.result(), min(range_size, size - s))
-        return whole.b64()
+        crcs = all_results(futures, stop)
     except BaseException:
-        stop.set()
-        for f in futures:
-            f.cancel()
+        stop.set()  # (all_results did this already, unless a submit failed)
         wait(futures)  # no range writes to ``fd`` once it is closed
         path.unlink(missing_ok=True)
         raise
     finally:
         os.close(fd)
+    whole = Crc32c()
+    for s, crc in zip(starts, crcs, strict=True):
+        whole.extend(crc, min(range_size, size - s))
+    return whole.b64()
 
 
 def _one_range(
@@ -82,9 +78,9 @@ def _one_range(
             raise Cancelled(f"range at {start}: another range failed")
         if offset + len(piece) > start + length:
             raise TransientError(f"range at {start} sent more than its {length} bytes")
-        view = memoryview(piece)
-        while view:
-            view = view[os.pwrite(fd, view, offset + (len(piece) - len(view))) :]
+        written = 0
+        while written < len(piece):  # a short write only on a full disk, before its error
+            written += os.pwrite(fd, memoryview(piece)[written:], offset + written)
         crc.update(piece)
         offset += len(piece)
         if progress is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from sidecar.fanout import all_results
 from sidecar.heap import give_back_free_memory, resident_bytes
 from sidecar.manifest import ManifestFile
 from sidecar.metrics import Metrics
@@ -98,22 +99,7 @@ class UploaderPool:
 
     def upload_files(self, jobs: Sequence[FileJob], cancel: threading.Event) -> list[UploadResult]:
         futures = [self._executor.submit(self._one, job, cancel) for job in jobs]
-        try:
-            # One wake-up for the whole set, not one per file (bench/commit_latency.md).
-            _, pending = concurrent.futures.wait(
-                futures, return_when=concurrent.futures.FIRST_EXCEPTION
-            )
-            if pending:  # a file failed: raise its error; the others are stopped below
-                for f in futures:
-                    if f.done():
-                        f.result()
-            return [f.result() for f in futures]
-        except BaseException:
-            cancel.set()
-            for f in futures:
-                f.cancel()
-            concurrent.futures.wait(futures)
-            raise
+        return all_results(futures, cancel)  # one wake-up for the set (bench/commit_latency.md)
 
     def _progress(self, key: str, cancel: threading.Event) -> Callable[[int], None]:
         next_log = time.monotonic() + PROGRESS_LOG_SECONDS
