@@ -28,10 +28,9 @@ from sidecar.storage.base import (
 )
 from sidecar.storage.budget import Budget
 from sidecar.storage.buffers import PartBuffers, read_into
-from sidecar.storage.checksum import CHUNK, Crc32c
+from sidecar.storage.checksum import Crc32c
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import S3Options
-from sidecar.storage.ranges import RangeReader, download_in_ranges
 from sidecar.storage.s3_admin import abort_stale_uploads, check_destination
 from sidecar.storage.s3_client import (
     full_crc,
@@ -39,6 +38,7 @@ from sidecar.storage.s3_client import (
     store_time,
     write_args,
 )
+from sidecar.storage.s3_download import Source, download
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
 from sidecar.storage.s3_multipart import (
     BAD_DIGEST_ATTEMPTS,
@@ -200,86 +200,17 @@ class S3Backend(Backend):
 
         An object larger than ``part_size_bytes`` comes in ranges of that size, up to
         ``part_concurrency`` GETs at once for all downloads of this backend, each pinned to
-        the first GET's ETag (:mod:`.ranges`). Raises :class:`ChecksumMismatch` (and removes
-        ``path``) when the CRC32C of the bytes written differs from the store's.
+        the first GET's ETag (:mod:`.s3_download`). Raises :class:`ChecksumMismatch` (and
+        removes ``path``) when the CRC32C of the bytes written differs from the store's.
         """
-        r = self._get(key)
-        size = int(r.get("ContentLength") or 0)
-        if size > self.options.part_size_bytes:
-            r["Body"].close()
-            crc = download_in_ranges(
-                self._range_reader(key, r.get("ETag")),
-                path,
-                size,
-                self.options.part_size_bytes,
-                self._getters,
-                progress,
-            )
-            self._check_whole(key, path, full_crc(r), crc)
-            return ObjectInfo(key=key, size=size, crc32c=crc, mtime=None)
-        return self._get_in_one_stream(key, r, path, progress)
-
-    def _range_reader(self, key: str, etag: str | None) -> RangeReader:
-        full = self.object_key(key)
-        pin = {"IfMatch": etag} if etag else {}
-
-        def read(first: int, last: int) -> Iterator[bytes]:
-            try:
-                r = self._client.get_object(
-                    Bucket=self.bucket, Key=full, Range=f"bytes={first}-{last}", **pin
-                )
-            except Exception as e:
-                raise self._err(e, "GetObject", key) from e
-            chunks = r["Body"].iter_chunks(CHUNK)
-            try:
-                while True:
-                    try:  # network errors are the store's
-                        chunk = next(chunks, b"")
-                    except Exception as e:
-                        raise self._err(e, "GetObject", key) from e
-                    if not chunk:
-                        return
-                    yield chunk
-            finally:
-                r["Body"].close()
-
-        return read
-
-    def _check_whole(self, key: str, path: Path, expected: str | None, crc: str) -> None:
-        if expected is not None and expected != crc:
-            path.unlink(missing_ok=True)
-            raise ChecksumMismatch(
-                f"s3://{self.bucket}/{self.object_key(key)}: read CRC32C {crc}, "
-                f"the store reports {expected}"
-            )
-
-    def _get_in_one_stream(
-        self, key: str, r: Any, path: Path, progress: Progress | None
-    ) -> ObjectInfo:
-        crc = Crc32c()
-        size = 0
-        try:
-            chunks = r["Body"].iter_chunks(CHUNK)
-            with open(path, "wb") as out:
-                while True:
-                    try:  # network errors are the store's; local write errors stay OSError
-                        chunk = next(chunks, b"")
-                    except Exception as e:
-                        raise self._err(e, "GetObject", key) from e
-                    if not chunk:
-                        break
-                    crc.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-                    if progress:
-                        progress(len(chunk))
-            self._check_whole(key, path, full_crc(r), crc.b64())
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            r["Body"].close()
-        return ObjectInfo(key=key, size=size, crc32c=crc.b64(), mtime=None)
+        return download(
+            Source(self._client, self.bucket, self.object_key(key), key),
+            self._get(key),
+            path,
+            range_size=self.options.part_size_bytes,
+            pool=self._getters,
+            progress=progress,
+        )
 
     def get_bytes(self, key: str) -> bytes:
         r = self._get(key)
