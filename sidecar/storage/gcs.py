@@ -39,8 +39,9 @@ from sidecar.storage.base import (
 from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_client import connect
+from sidecar.storage.gcs_download import download
 from sidecar.storage.gcs_errors import CorruptedInTransit, map_error
-from sidecar.storage.gcs_io import CrcWriter, info_of, resource_of
+from sidecar.storage.gcs_io import info_of, resource_of
 from sidecar.storage.gcs_resumable import BLOCK, upload_resumable
 from sidecar.storage.gcs_xml import abort_stale_uploads, upload_xml_multipart
 from sidecar.storage.keys import check_key
@@ -267,18 +268,15 @@ class GcsBackend(Backend):
 
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
         name = self._name(key)
-        blob = self._blob(name)
         try:
-            with open(path, "wb") as out, self._errors("download", name):
-                writer = CrcWriter(out, progress)
-                blob.download_to_file(
-                    writer, raw_download=True, checksum="crc32c", timeout=_TIMEOUT, retry=_RETRY
+            with open(path, "wb") as out:
+                size, crc = download(
+                    self._http, self._client.api_endpoint, self.bucket_name, name, out, progress
                 )
-                writer.flush_progress()
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        return ObjectInfo(key=key, size=writer.size, crc32c=writer.crc.b64(), mtime=None)
+        return ObjectInfo(key=key, size=size, crc32c=crc, mtime=None)
 
     def get_bytes(self, key: str) -> bytes:
         name = self._name(key)

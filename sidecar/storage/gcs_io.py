@@ -1,17 +1,13 @@
-"""Small helpers of the GCS backend: object resources -> ObjectInfo, a checksumming writer."""
+"""Small helpers of the GCS backend: object resources -> ObjectInfo."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, BinaryIO
+from typing import Any
 
-from sidecar.storage.base import ObjectInfo, Progress
-from sidecar.storage.checksum import Crc32c
+from sidecar.storage.base import ObjectInfo
 
-__all__ = ["PROGRESS_STEP", "CrcWriter", "info_of", "resource_of"]
-
-#: downloads report progress in steps of about this many bytes
-PROGRESS_STEP = 1024 * 1024
+__all__ = ["info_of", "resource_of"]
 
 
 def info_of(key: str, resource: dict[str, Any]) -> ObjectInfo:
@@ -32,29 +28,3 @@ def resource_of(blob: Any) -> dict[str, Any]:
         "generation": blob.generation,
         "updated": updated.isoformat() if updated is not None else None,
     }
-
-
-class CrcWriter:
-    """Write-through file wrapper: CRC32C and size of what was written, batched progress."""
-
-    def __init__(self, out: BinaryIO, progress: Progress | None) -> None:
-        self._out = out
-        self._progress = progress
-        self._unreported = 0
-        self.crc = Crc32c()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        data = bytes(data)
-        self.crc.update(data)
-        self._out.write(data)
-        self.size += len(data)
-        self._unreported += len(data)
-        if self._unreported >= PROGRESS_STEP:
-            self.flush_progress()
-        return len(data)
-
-    def flush_progress(self) -> None:
-        if self._progress is not None and self._unreported:
-            self._progress(self._unreported)
-        self._unreported = 0

@@ -11,9 +11,9 @@ that need it; it is never a skip. ``GcsServer.new_bucket()`` makes a fresh bucke
 
 ``gcs_recorder`` (function): :class:`GcsRecorder`, a small threaded HTTP server that
 speaks just enough of the JSON API (bucket get, listing, simple and resumable uploads,
-object get) and of the XML multipart API, records every request, and answers scripted
-failures: it stands in for real GCS where neither emulator goes (XML multipart, 403,
-dropped connections, the store's clock).
+object get, media download with ``X-Goog-Hash``) and of the XML multipart API, records
+every request, and answers scripted failures: it stands in for real GCS where neither
+emulator goes (XML multipart, 403, dropped connections, the store's clock).
 
 ``gcs_proxy(server)`` (context manager): :class:`GcsProxy` in front of an emulator; it
 flips one byte of chosen request or response bodies, so damage in transit is real.
@@ -218,7 +218,9 @@ class Fault:
     """Answer the next ``times`` requests matching ``method`` and ``match`` (a regex on
     ``path?query``) with ``status`` and ``body``, or by closing the connection (``drop``).
     ``keep``: an upload request broken midway; its session keeps the first ``keep`` bytes
-    of the body (as GCS persists part of a cut request), then the connection closes."""
+    of the body (as GCS persists part of a cut request), then the connection closes.
+    ``cut``: a download answered 200 with the whole ``Content-Length``, whose body stops
+    after ``cut`` bytes, the connection closed."""
 
     method: str
     match: str
@@ -227,6 +229,7 @@ class Fault:
     times: int = 1
     drop: bool = False
     keep: int | None = None
+    cut: int | None = None
 
 
 def _hash_header(value: str) -> str | None:
@@ -266,9 +269,10 @@ class GcsRecorder:
         times: int = 1,
         drop: bool = False,
         keep: int | None = None,
+        cut: int | None = None,
     ) -> None:
         """Script a failure: see :class:`Fault`."""
-        self.faults.append(Fault(method, match, status, body, times, drop, keep))
+        self.faults.append(Fault(method, match, status, body, times, drop, keep, cut))
 
     def seen(self, method: str, match: str = "") -> list[Recorded]:
         rx = re.compile(match)
@@ -332,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
                 fault.times -= 1
                 if fault.times <= 0:
                     st.faults.remove(fault)
-        if fault is not None:
+        if fault is not None and fault.cut is None:
             if fault.keep is not None:
                 with st.lock:
                     self._keep_part(st, rec, fault.keep)
@@ -342,10 +346,27 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._reply(fault.status, fault.body, Content_Type="application/json")
             return
-        self._route(st, rec)
+        self._route(st, rec, cut=fault.cut if fault is not None else None)
 
-    def _route(self, st: GcsRecorder, rec: Recorded) -> None:
+    def _media(self, st: GcsRecorder, name: str, cut: int | None) -> None:
+        """An object's bytes, with the ``X-Goog-Hash`` GCS sends (``cut``: see :class:`Fault`)."""
+        data = st.objects[name]
+        if cut is None:
+            return self._reply(200, data, X_Goog_Hash=f"crc32c={crc32c_of_bytes(data)}")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[:cut])
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _route(self, st: GcsRecorder, rec: Recorded, *, cut: int | None = None) -> None:
         q, path = rec.query, rec.path
+        m = re.fullmatch(r"/download/storage/v1/b/([^/]+)/o/(.+)", path)
+        if m and q.get("alt") == "media":
+            if m.group(2) not in st.objects:
+                return self._json(404, {"error": {"code": 404, "message": "No such object"}})
+            return self._media(st, m.group(2), cut)
         if path.startswith("/upload/storage/v1/b/"):
             return self._json_upload(st, rec)
         m = re.fullmatch(r"/storage/v1/b/([^/]+)", path)
@@ -365,7 +386,7 @@ class _Handler(BaseHTTPRequestHandler):
                 del st.objects[name]
                 return self._reply(204)
             if q.get("alt") == "media":
-                return self._reply(200, st.objects[name])
+                return self._media(st, name, cut)
             return self._json(200, st.resource(name))
         if re.fullmatch(r"/[^/]+", path) and "uploads" in q:
             return self._list_uploads(st, q.get("prefix", ""))
