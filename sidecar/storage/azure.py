@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError
@@ -46,7 +46,9 @@ from sidecar.storage.base import (
     Progress,
     StorageError,
 )
+from sidecar.storage.body import BytesBody
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import Crc32c, crc32c_of_bytes
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import AzureOptions
@@ -100,7 +102,8 @@ class AzureBackend(Backend):
         # Blocks in memory for every upload of this backend together, and the threads that
         # stage them, shared by every upload: started on first use, never per file. As many
         # threads as the budget has slots (see stage_file).
-        self._budget = Budget(opts.max_concurrency)
+        self._buffers = PartBuffers(opts.max_concurrency)
+        self._budget = Budget(opts.max_concurrency, on_idle=self._buffers.clear)
         self._blocks = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="azure-block")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="azure-read")
 
@@ -140,11 +143,12 @@ class AzureBackend(Backend):
                 return self._put_single(key, f, size, progress)
             blob = self._blob(key)
 
-            def stage(block_id: str, data: bytes, crc64: bytes) -> None:
+            def stage(block_id: str, data: memoryview, crc64: bytes) -> None:
                 with self._errors("upload", key):
                     blob.stage_block(
                         block_id,
-                        data,
+                        # a file over the buffer: sent from it in blocks, not copied
+                        cast("IO[bytes]", BytesBody(data)),
                         length=len(data),
                         transactional_content_crc64=crc64,
                         cpk=self._cpk,
@@ -156,6 +160,7 @@ class AzureBackend(Backend):
                 stage,
                 block_size=block_size_for(size, self._opts.block_size_bytes),
                 budget=self._budget,
+                buffers=self._buffers,
                 pool=self._blocks,
                 reader=self._reader,
                 progress=progress,

@@ -1,11 +1,13 @@
 """Stage a file as block-blob blocks in parallel, reading it once, memory bounded.
 
-One pass over the file: each block is read, added to the whole-file CRC32C, given its
-CRC-64 (sent as ``x-ms-content-crc64``, which the service verifies) and staged on the
-backend's block threads. A block is read only after it got a slot of the backend-wide
-:class:`~sidecar.storage.budget.Budget` and gives the slot back when its Put Block is done,
-has failed or was cancelled, so however many files go up at once, at most ``slots`` blocks
-of them are in memory (about ``slots * block_size`` bytes).
+One pass over the file: each block is read into a reused buffer of the backend's
+:class:`~sidecar.storage.buffers.PartBuffers`, added to the whole-file CRC32C piece by piece
+as it is read, given its CRC-64 (sent as ``x-ms-content-crc64``, which the service
+verifies) and staged on the backend's block threads. A block is read only after it got a
+slot of the backend-wide :class:`~sidecar.storage.budget.Budget`; the slot and the buffer
+come back when its Put Block is done, has failed or was cancelled, so however many files go
+up at once, at most ``slots`` blocks of them are in memory (about ``slots * block_size``
+bytes).
 Nothing is committed here: staged blocks stay invisible until the caller commits the list,
 and uncommitted blocks are discarded by the service after a week.
 """
@@ -13,15 +15,16 @@ and uncommitted blocks are discarded by the service after a week.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import io
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from awscrt import checksums
 
 from sidecar.storage.base import Progress
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.parts import send_parts
 
@@ -38,11 +41,12 @@ MAX_BLOCKS = 50_000
 MAX_BLOCK = 4000 * 1024 * 1024
 _MiB = 1024 * 1024
 
-StageBlock = Callable[[str, bytes, bytes], None]
-"""``stage(block_id, data, crc64)``: put one block; raises a ``StorageError``."""
+StageBlock = Callable[[str, memoryview, bytes], None]
+"""``stage(block_id, data, crc64)``: put one block; raises a ``StorageError``. ``data`` is a
+view of a pooled buffer: valid only until the call returns."""
 
 
-def content_crc64(data: bytes) -> bytes:
+def content_crc64(data: bytes | memoryview) -> bytes:
     """The ``x-ms-content-crc64`` value of ``data``: Azure Storage's CRC-64 (the CRC-64/NVME
     polynomial, the same as the SDK's azure-storage-extensions computes) as 8 little-endian
     bytes. About 18x cheaper than the MD5 alternative here (0.09 against 1.57 CPU-s/GiB)."""
@@ -68,19 +72,21 @@ def block_size_for(size: int, wanted: int) -> int:
 
 
 def stage_file(
-    f: BinaryIO,
+    f: io.BufferedIOBase,
     stage: StageBlock,
     *,
     block_size: int,
     budget: Budget,
+    buffers: PartBuffers,
     pool: cf.Executor,
     reader: cf.Executor,
     progress: Progress | None,
 ) -> StagedFile:
     """Read ``f`` to its end and stage every block on ``pool``; return the ids to commit.
 
-    Each block holds a ``budget`` slot from before it is read until its stage call is done,
-    has failed or was cancelled. ``budget``, ``pool`` and ``reader`` are the backend's,
+    Each block holds a ``budget`` slot and a buffer of ``buffers`` from before it is read
+    until its stage call is done, has failed or was cancelled. ``budget``, ``buffers``,
+    ``pool`` and ``reader`` are the backend's,
     shared by every file going up: ``pool`` should have as many threads as ``budget`` has
     slots (with fewer, blocks would wait for a thread while holding their buffers);
     ``reader`` has one thread, which reads every block, so that the C allocator hands the
@@ -104,20 +110,28 @@ def stage_file(
     # Runs on the reading thread, which must allocate nothing but the blocks: a growing
     # list there would sit between freed blocks in that thread's malloc arena and keep
     # their space from being reused (four files at once peaked 16 MB higher).
-    def next_block() -> tuple[str, bytes] | None:
+    def next_block() -> tuple[str, bytearray, memoryview] | None:
         nonlocal count
-        block = f.read(block_size)
-        if not block:
+        buf = buffers.take(block_size)
+        try:
+            n = read_into(f, memoryview(buf)[:block_size], out.crc)
+        except BaseException:
+            buffers.give(buf)
+            raise
+        if not n:
+            buffers.give(buf)
             return None
-        out.crc.update(block)
-        out.size += len(block)
+        out.size += n
         count += 1
-        return _block_id(tag, count - 1), block
+        return _block_id(tag, count - 1), buf, memoryview(buf)[:n]
 
-    def send(part: tuple[str, bytes]) -> int:
-        block_id, data = part
-        stage(block_id, data, content_crc64(data))
-        return len(data)
+    def send(part: tuple[str, bytearray, memoryview]) -> int:
+        block_id, buf, data = part
+        try:
+            stage(block_id, data, content_crc64(data))
+            return len(data)
+        finally:
+            buffers.give(buf)
 
     send_parts(
         next_block,

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.exceptions import ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.blob import BlobServiceClient, ContainerClient, LinearRetry
 
 from sidecar.storage.azure import AzureBackend
 from sidecar.storage.azure_blocks import MAX_BLOCKS, block_size_for
@@ -29,13 +30,15 @@ class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily expo
     """The real HTTP transport, counting Put Block requests in flight (in all and per blob)
     and able to damage one: the ``corrupt_block``-th sent, or the first of blob
     ``corrupt_blob``. ``delay`` seconds before each Put Block keep blocks in flight long
-    enough for uploads to overlap."""
+    enough for uploads to overlap. ``break_block``: that Put Block reads 256 KiB of its body
+    and fails as a dropped connection does."""
 
     def __init__(
         self,
         corrupt_block: int | None = None,
         corrupt_blob: str | None = None,
         delay: float = 0,
+        break_block: int | None = None,
         corrupt_put_blob: bool = False,
     ) -> None:
         super().__init__()
@@ -44,6 +47,7 @@ class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily expo
         self.corrupt_block = corrupt_block
         self.corrupt_blob = corrupt_blob
         self.delay = delay
+        self.break_block = break_block
         self.blocks_sent = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -70,12 +74,17 @@ class WatchingTransport(RequestsTransport):  # type: ignore[misc]  # lazily expo
             self.blobs_in_flight[blob] = self.blobs_in_flight.get(blob, 0) + 1
             self.max_blobs_in_flight = max(self.max_blobs_in_flight, len(self.blobs_in_flight))
             corrupt = index == self.corrupt_block or blob == self.corrupt_blob
+            broken = index == self.break_block
             if blob == self.corrupt_blob:
                 self.corrupt_blob = None
         if corrupt:
-            body = bytes(request.data)
+            data = request.data  # a file over the block's buffer (BytesBody), or bytes
+            body = bytes(data.read() if hasattr(data, "read") else data)
             request.data = bytes([body[0] ^ 0xFF]) + body[1:]  # one bit pattern flipped on the wire
         try:
+            if broken:  # part of the body went out, then the connection dropped
+                request.data.read(256 * 1024)
+                raise ServiceResponseError("connection reset by peer (test)")
             time.sleep(self.delay)
             return super().send(request, **kwargs)
         finally:
@@ -101,6 +110,7 @@ def backend_with(
         azurite.account_url,
         credential={"account_name": ACCOUNT, "account_key": KEY},
         transport=transport,
+        retry_policy=LinearRetry(backoff=0, random_jitter_range=0, retry_total=2),
     )
     client = service.get_container_client(container.container_name)
     return AzureBackend(client, "ckpt", AzureOptions(**opts), account=ACCOUNT)
@@ -125,6 +135,20 @@ def test_file_of_many_blocks(azurite: Azurite, container: ContainerClient, tmp_p
     assert 1 < transport.max_in_flight <= 3
     assert backend.head("step-9/model.pt").crc32c == crc32c_of_bytes(data)
     assert backend.get_bytes("step-9/model.pt") == data
+
+
+def test_block_cut_off_midway_is_sent_again_whole(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    data = os.urandom(5 * MiB + 3)
+    (tmp_path / "w.bin").write_bytes(data)
+    transport = WatchingTransport(break_block=2)
+    backend = backend_with(azurite, container, transport, block_size_bytes=1 * MiB)
+    info = backend.put_file("w.bin", tmp_path / "w.bin")
+    assert transport.blocks_sent == 7  # six blocks, the third twice
+    assert info.crc32c == crc32c_of_bytes(data)
+    assert backend.get_bytes("w.bin") == data  # the retry sent the block from its start
+    backend.close()
 
 
 def test_block_damaged_on_the_wire_is_rejected(
