@@ -180,8 +180,11 @@ class AzureBackend(Backend):
         self, key: str, f: BinaryIO, size: int, progress: Progress | None
     ) -> ObjectInfo:
         """One Put Blob of the file's ``size`` bytes, holding a budget slot while they are
-        in memory; ``progress`` is told before the request, so a Cancelled leaves nothing."""
+        in memory (the SDK wants ``bytes`` for it, not a pooled buffer, so a free buffer
+        makes room for them); ``progress`` is told before the request, so a Cancelled
+        leaves nothing."""
         self._budget.acquire()
+        self._buffers.make_room()
         try:
             data = self._reader.submit(f.read, size).result()
             if progress is not None and data:

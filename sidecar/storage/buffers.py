@@ -12,7 +12,9 @@ least the size asked for (contents undefined); the caller gives it back with
 outcome) or simply drops it (a part that was never sent). The pool keeps at most ``keep``
 free buffers, and taking a new buffer drops a free one that is too small, so as long as
 every buffer is taken under a :class:`Budget` slot, no more buffers exist than the most slots
-taken at once; :meth:`~PartBuffers.clear` drops the free ones (when the budget goes idle).
+taken at once; a slot taken for memory of another kind calls :meth:`~PartBuffers.make_room`
+first, so that bound holds for both together. :meth:`~PartBuffers.clear` drops the free
+ones (when the budget goes idle).
 Thread-safe.
 """
 
@@ -53,6 +55,14 @@ class PartBuffers:
         with self._lock:
             if len(self._free) < self._keep:
                 self._free.append(buf)
+
+    def make_room(self) -> None:
+        """Drop one free buffer, if any: call it when a budget slot is taken for memory that
+        does not come from this pool, so that buffers and such memory together stay within
+        the slots taken at once."""
+        with self._lock:
+            if self._free:
+                self._free.pop(0)
 
     def clear(self) -> None:
         """Drop every free buffer (their memory goes back to the allocator)."""

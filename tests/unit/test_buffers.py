@@ -41,6 +41,24 @@ def test_the_budget_going_idle_drops_the_free_buffers() -> None:
     assert pool.free_count() == 0
 
 
+def test_memory_of_another_kind_makes_room_so_buffers_stay_within_the_slots() -> None:
+    pool = PartBuffers(keep=3)
+    budget = Budget(3, on_idle=pool.clear)
+    for _ in range(3):
+        budget.acquire()
+    parts = [pool.take(10) for _ in range(3)]  # three parts at once
+    for buf in parts[1:]:  # two are done; the third is still going up
+        pool.give(buf)
+        budget.release()
+    assert pool.free_count() == 2
+    for _ in range(2):  # two small files, each read into bytes of its own under a slot
+        budget.acquire()
+        pool.make_room()
+    assert pool.free_count() == 0  # 3 slots: 1 part buffer and 2 files, nothing more
+    pool.make_room()  # nothing free: nothing to drop
+    assert pool.free_count() == 0
+
+
 def test_read_into_fills_the_view_and_checksums_what_it_read() -> None:
     data = os.urandom(3 * PIECE + 5)
     buf = bytearray(b"x" * (4 * PIECE))
