@@ -74,12 +74,13 @@ class PartBuffers:
             return len(self._free)
 
 
-def read_into(f: io.BufferedIOBase, view: memoryview, crc: Crc32c) -> int:
-    """Fill ``view`` from ``f`` until it is full or the file ends, extending ``crc`` by each
-    piece as it is read; return the number of bytes read. Raises ``OSError``."""
+def read_into(f: io.BufferedIOBase, view: memoryview, crc: Crc32c, *, piece: int = PIECE) -> int:
+    """Fill ``view`` from ``f`` until it is full or the file ends, ``piece`` bytes at a time,
+    extending ``crc`` by each piece as it is read; return the number of bytes read. Raises
+    ``OSError``."""
     n, size = 0, len(view)
     while n < size:
-        got = f.readinto(view[n : min(size, n + PIECE)])
+        got = f.readinto(view[n : min(size, n + piece)])
         if not got:
             break
         crc.update(view[n : n + got])
