@@ -269,7 +269,7 @@ class GcsBackend(Backend):
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
         name = self._name(key)
         try:
-            with open(path, "wb") as out:
+            with open(path, "wb") as out, self._errors("download", name):  # token refresh
                 size, crc = download(
                     self._http, self._client.api_endpoint, self.bucket_name, name, out, progress
                 )

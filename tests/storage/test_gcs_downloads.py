@@ -1,5 +1,6 @@
 """GCS downloads through the look-alike: a broken reply is started over and counted once,
-refusals are told apart, and the bytes written are the object's."""
+refusals (the store's, or a token that cannot be had) are told apart, and the bytes
+written are the object's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.auth.exceptions import RefreshError
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import PermanentError, TransientError
@@ -63,4 +66,25 @@ def test_access_denied_is_permanent_and_not_retried(
         backend.get_file("model.pt", tmp_path / "model.pt")
     assert not (tmp_path / "model.pt").exists()
     assert len(gcs_recorder.seen("GET", "alt=media")) == 1
+    backend.close()
+
+
+class _RevokedCredentials(AnonymousCredentials):
+    """Credentials whose token can no longer be refreshed (a revoked service-account key)."""
+
+    def before_request(self, *args: object, **kwargs: object) -> None:
+        raise RefreshError(  # type: ignore[no-untyped-call]
+            "invalid_grant: Token has been expired or revoked.", retryable=False
+        )
+
+
+def test_a_token_that_cannot_be_refreshed_is_permanent_and_names_the_fix(
+    gcs_recorder: GcsRecorder, stored: bytes, tmp_path: Path
+) -> None:
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    backend._http.credentials = _RevokedCredentials()  # type: ignore[no-untyped-call]
+    with pytest.raises(PermanentError, match=r"could not get an access token.*credentials_file"):
+        backend.get_file("model.pt", tmp_path / "model.pt")
+    assert not (tmp_path / "model.pt").exists()
+    assert gcs_recorder.seen("GET", "alt=media") == []  # nothing was sent without a token
     backend.close()
