@@ -1,8 +1,8 @@
 """Stage a file as block-blob blocks in parallel, reading it once, memory bounded.
 
 One pass over the file: each block is read into a reused buffer of the backend's
-:class:`~sidecar.storage.buffers.PartBuffers`, added to the whole-file CRC32C piece by piece
-as it is read, given its CRC-64 (sent as ``x-ms-content-crc64``, which the service
+:class:`~sidecar.storage.buffers.PartBuffers`, added to the whole-file CRC32C, given its
+CRC-64 (sent as ``x-ms-content-crc64``, which the service
 verifies) and staged on the backend's block threads. A block is read only after it got a
 slot of the backend-wide :class:`~sidecar.storage.budget.Budget`; the slot and the buffer
 come back when its Put Block is done, has failed or was cancelled, so however many files go
@@ -86,12 +86,12 @@ def stage_file(
 
     Each block holds a ``budget`` slot and a buffer of ``buffers`` from before it is read
     until its stage call is done, has failed or was cancelled. ``budget``, ``buffers``,
-    ``pool`` and ``reader`` are the backend's,
-    shared by every file going up: ``pool`` should have as many threads as ``budget`` has
-    slots (with fewer, blocks would wait for a thread while holding their buffers);
-    ``reader`` has one thread, which reads every block, so that the C allocator hands the
-    freed buffers out again instead of growing one arena per uploading thread (four files
-    at once peaked at 260 MB with blocks read on each file's own thread, bench/memory.md).
+    ``pool`` and ``reader`` are the backend's, shared by every file going up: ``pool``
+    should have as many threads as ``budget`` has slots (with fewer, blocks would wait for
+    a thread while holding their buffers); ``reader`` has one thread, which reads every
+    block, so that what the reading allocates stays in one malloc arena instead of one per
+    uploading thread (four files at once peaked at 260 MB with blocks read on each file's
+    own thread, bench/memory.md, before blocks had reused buffers).
 
     ``progress`` is called in this thread with each block's length once the service has
     it (when the next block gets its slot, or at the end). Whatever it or a block raises
@@ -107,8 +107,8 @@ def stage_file(
 
     count = 0
 
-    # Runs on the reading thread, which must allocate nothing but the blocks: a growing
-    # list there would sit between freed blocks in that thread's malloc arena and keep
+    # Runs on the reading thread, which should allocate nothing that lives on: a growing
+    # list there once sat between freed blocks in that thread's malloc arena and kept
     # their space from being reused (four files at once peaked 16 MB higher).
     def next_block() -> tuple[str, bytearray, memoryview] | None:
         nonlocal count
