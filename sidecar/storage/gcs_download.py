@@ -32,7 +32,12 @@ import urllib3
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
 from sidecar.storage.checksum import Crc32c
-from sidecar.storage.gcs_errors import CorruptedInTransit, response_message, status_error
+from sidecar.storage.gcs_errors import (
+    CorruptedInTransit,
+    map_error,
+    response_message,
+    status_error,
+)
 from sidecar.storage.gcs_resumable import BLOCK, TIMEOUT
 
 __all__ = ["download", "media_url", "stored_crc32c"]
@@ -80,9 +85,7 @@ def download(
                 raise
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as e:
             if pause is None:
-                raise TransientError(
-                    f"GCS download gs://{bucket}/{name}: connection failed ({type(e).__name__})"
-                ) from None
+                raise map_error(e, op="download", bucket=bucket, name=name) from None
         time.sleep(pause)
         out.seek(0)
         out.truncate()

@@ -11,6 +11,7 @@ import re
 from xml.etree import ElementTree
 
 import requests
+import urllib3
 from google.api_core import exceptions as api_exceptions
 from google.auth import exceptions as auth_exceptions
 from google.cloud.storage import exceptions as storage_exceptions
@@ -183,7 +184,8 @@ def map_error(
         return TransientError(
             f"GCS {op} {where}: token endpoint unreachable ({type(err).__name__})"
         )
-    if isinstance(err, requests.exceptions.RequestException):
+    # urllib3's own errors come from reading a streamed body (``resp.raw``)
+    if isinstance(err, requests.exceptions.RequestException | urllib3.exceptions.HTTPError):
         if starting and isinstance(err, requests.exceptions.ConnectionError):
             return PermanentError(
                 f"GCS {op} {where}: cannot reach the storage endpoint ({type(err).__name__}); "

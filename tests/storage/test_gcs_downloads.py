@@ -57,6 +57,19 @@ def test_an_outage_outlasting_the_retries_is_transient(
     backend.close()
 
 
+def test_a_connection_dropped_on_every_attempt_is_transient(
+    gcs_recorder: GcsRecorder, stored: bytes, tmp_path: Path
+) -> None:
+    gcs_recorder.fail("GET", "alt=media", drop=True, times=2)
+    gcs_recorder.fail("GET", "alt=media", cut=MiB + 1, times=2)  # mid-body: urllib3's error
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    with pytest.raises(TransientError, match=r"GCS download gs://b/run/model\.pt: connection"):
+        backend.get_file("model.pt", tmp_path / "model.pt")
+    assert not (tmp_path / "model.pt").exists()
+    assert len(gcs_recorder.seen("GET", "alt=media")) == 4
+    backend.close()
+
+
 def test_access_denied_is_permanent_and_not_retried(
     gcs_recorder: GcsRecorder, stored: bytes, tmp_path: Path
 ) -> None:
