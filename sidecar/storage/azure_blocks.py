@@ -2,12 +2,11 @@
 
 One pass over the file: each block is read into a reused buffer of the backend's
 :class:`~sidecar.storage.buffers.PartBuffers`, added to the whole-file CRC32C, given its
-CRC-64 (sent as ``x-ms-content-crc64``, which the service
-verifies) and staged on the backend's block threads. A block is read only after it got a
-slot of the backend-wide :class:`~sidecar.storage.budget.Budget`; the slot and the buffer
-come back when its Put Block is done, has failed or was cancelled, so however many files go
-up at once, at most ``slots`` blocks of them are in memory (about ``slots * block_size``
-bytes).
+CRC-64 (sent as ``x-ms-content-crc64``, which the service verifies) and staged on the
+backend's block threads. A block is read only after it got a slot of the backend-wide
+:class:`~sidecar.storage.budget.Budget`; the slot and the buffer come back when its Put
+Block is done, has failed or was cancelled, so however many files go up at once, at most
+``slots`` blocks of them are in memory (about ``slots * block_size`` bytes).
 Nothing is committed here: staged blocks stay invisible until the caller commits the list,
 and uncommitted blocks are discarded by the service after a week.
 """
@@ -115,7 +114,7 @@ def stage_file(
         buf = buffers.take(block_size)
         try:
             # one read per block, not PIECE at a time as S3 parts: in 256 KiB pieces a 2 GiB
-            # upload to Azurite spent 0.1-0.2 CPU-s/GB more (bench/azure.md)
+            # upload to Azurite spent 0.17 CPU-s/GB more, median of five pairs (bench/azure.md)
             n = read_into(f, memoryview(buf)[:block_size], out.crc, piece=block_size)
         except BaseException:
             buffers.give(buf)
