@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import requests
 
 from sidecar.storage.base import Progress, StorageError, TransientError
+from sidecar.storage.body import BLOCK  # bytes read from the file and sent at a time
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import response_message, status_error
 
@@ -35,8 +36,6 @@ __all__ = ["BLOCK", "QUANTUM", "RETRY_PAUSES", "is_transient_status", "upload_re
 
 #: pauses (seconds) before each retry of a failed request within one upload
 RETRY_PAUSES = (0.25, 1.0, 4.0)
-#: bytes read from the file and handed to the socket at a time
-BLOCK = 1024 * 1024
 #: every request but the last must carry a whole multiple of this many bytes
 QUANTUM = 256 * 1024
 TIMEOUT = (10.0, 300.0)

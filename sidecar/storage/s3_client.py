@@ -14,7 +14,7 @@ from botocore.config import Config
 from botocore.handlers import convert_body_to_file_like_object
 
 from sidecar.storage.base import PermanentError
-from sidecar.storage.body import BytesBody
+from sidecar.storage.body import BLOCK, BytesBody
 from sidecar.storage.options import S3Options
 
 __all__ = [
@@ -75,6 +75,7 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
             "(or AWS_ENDPOINT_URL_S3 / AWS_REGION)"
         ) from e
     _send_bodies_as_read(client)
+    _send_in_blocks(client)
     # botocore adds the header on "before-call.s3"; registered last, this runs after it.
     client.meta.events.register_last("before-call.s3", no_expect_for_small_bodies)
     return client
@@ -98,6 +99,19 @@ def _send_bodies_as_read(client: Any) -> None:
         event = f"before-parameter-build.s3.{op}"
         events.unregister(event, convert_body_to_file_like_object)
         events.register(event, _body_in_blocks)
+
+
+def _send_in_blocks(client: Any) -> None:
+    """Send request bodies in blocks of :data:`~sidecar.storage.body.BLOCK` bytes instead of
+    botocore's 128 KiB: one 2 GiB upload in 8 MiB parts spent about 0.1 CPU-s/GB less
+    (bench/s3.md). botocore has no setting for it; the size is a keyword of the urllib3
+    pool manager in its HTTP session, read when the first request to a host makes its
+    connection pool. Where that is not found (another botocore, or the pool manager of a
+    proxy, made later), botocore's size stays: as correct, only dearer."""
+    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    pool_kw = getattr(getattr(session, "_manager", None), "connection_pool_kw", None)
+    if isinstance(pool_kw, dict) and "blocksize" in pool_kw:
+        pool_kw["blocksize"] = BLOCK
 
 
 def _body_in_blocks(params: dict[str, Any], **_: Any) -> None:
