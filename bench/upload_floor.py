@@ -3,11 +3,12 @@
 What every upload of a file must do, timed alone, in this process: read the file once from
 the page cache into a reused 8 MiB buffer (``readinto``), CRC32C each buffer (awscrt, what
 the backends use), and send it over a loopback TCP connection in sends of ``body.BLOCK``
-(1 MiB since 8e8f438, 128 KiB before; what the S3, GCS and Azure clients do) to a receiver in another process that throws it away. Each
-step is timed on its own and then all three in one pass, in turn, ``--runs`` times; CPU is
-this process's user + system (``getrusage``), per GB = 10^9 bytes. The receiver's CPU is
-not counted, but on loopback the kernel does part of the receiving side's TCP work on the
-sender's CPU, so "send" is an upper bound of what a real network card costs.
+(1 MiB since 8e8f438, 128 KiB before; what the S3, GCS and Azure clients do) to a receiver
+in another process that throws it away. Each step is timed on its own and then all three in
+one pass, in turn, ``--runs`` times; CPU is this process's user + system (``getrusage``), per
+GB = 10^9 bytes. The receiver's CPU is not counted, but on loopback the kernel does part of
+the receiving side's TCP work on the sender's CPU, so "send" is an upper bound of what a
+real network card costs.
 
 An upload's CPU per GB less the "all" column is what its protocol (HTTP, signing, the
 store's replies) and its threads add: bench/s3.md compares.
