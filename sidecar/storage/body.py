@@ -19,7 +19,8 @@ import os
 
 __all__ = ["BLOCK", "BytesBody"]
 
-#: Bytes per send, on every store (the GCS resumable upload sends blocks of the same size).
+#: Bytes per send, on every store; also the block a GCS upload reads from its file and a GCS
+#: download reads from its reply, and GCS's one-request limit (``gcs.SIMPLE_MAX``).
 #: Larger sends cost less CPU: an S3 upload of 2 GiB in 8 MiB parts spent 0.1 CPU-s/GB
 #: less in sends of 1 MiB than of 128 KiB, botocore's size (bench/s3.md); urllib3's own
 #: default is 16 KiB.

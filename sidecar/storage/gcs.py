@@ -36,13 +36,14 @@ from sidecar.storage.base import (
     Progress,
     StorageError,
 )
+from sidecar.storage.body import BLOCK
 from sidecar.storage.budget import Budget
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_client import connect
 from sidecar.storage.gcs_download import download
 from sidecar.storage.gcs_errors import CorruptedInTransit, map_error
 from sidecar.storage.gcs_io import info_of, resource_of
-from sidecar.storage.gcs_resumable import BLOCK, upload_resumable
+from sidecar.storage.gcs_resumable import upload_resumable
 from sidecar.storage.gcs_xml import abort_stale_uploads, upload_xml_multipart
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import GcsOptions

@@ -2,7 +2,7 @@
 
 google-cloud-storage reads a download's response 8 KiB at a time (its module constant
 ``_SINGLE_GET_CHUNK_SIZE``) and checksums and writes each piece: about 0.7 CPU-s per GB
-more than reading it in blocks of :data:`~sidecar.storage.gcs_resumable.BLOCK` bytes, as
+more than reading it in blocks of :data:`~sidecar.storage.body.BLOCK` bytes, as
 here (bench/restore.md). The bytes are taken as stored (no gzip decoding, as the
 library's ``raw_download``), their CRC32C computed in the same pass as they are written.
 
@@ -31,6 +31,7 @@ import urllib3
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
+from sidecar.storage.body import BLOCK
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import (
     CorruptedInTransit,
@@ -38,7 +39,7 @@ from sidecar.storage.gcs_errors import (
     response_message,
     status_error,
 )
-from sidecar.storage.gcs_resumable import BLOCK, TIMEOUT
+from sidecar.storage.gcs_resumable import TIMEOUT
 
 __all__ = ["download", "media_url", "stored_crc32c"]
 

@@ -32,7 +32,7 @@ from sidecar.storage.body import BLOCK  # bytes read from the file and sent at a
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import response_message, status_error
 
-__all__ = ["BLOCK", "QUANTUM", "RETRY_PAUSES", "is_transient_status", "upload_resumable"]
+__all__ = ["QUANTUM", "RETRY_PAUSES", "is_transient_status", "upload_resumable"]
 
 #: pauses (seconds) before each retry of a failed request within one upload
 RETRY_PAUSES = (0.25, 1.0, 4.0)

@@ -7,7 +7,8 @@ timeout (10 s in the daemon), so over a link that gave a connection less than 0.
 a drain over S3 or Azure missed its deadline with half of it to spare (bench/drain.md).
 
 Here the connect timeout is 1 s and the uplink 4 MiB/s for all connections together, so
-every body below takes 1.7-4 s to go up, and each block of ``body.BLOCK`` (1 MiB) 0.25-0.5 s.
+every body below takes about 1.7-3 s to go up, and each block of ``body.BLOCK`` (1 MiB)
+0.25-0.5 s (less where the sockets' buffers take part of it at once).
 S3 makes one attempt per request; Azure keeps its retries, each of which was cut off the
 same way.
 """
