@@ -34,8 +34,9 @@ from azure.storage.blob import (
 )
 
 from sidecar.storage.azure_blocks import block_size_for, stage_file
-from sidecar.storage.azure_client import build_container_client, customer_key
+from sidecar.storage.azure_client import DOWNLOAD_GET_BYTES, build_container_client, customer_key
 from sidecar.storage.azure_copy import wait_for_copy
+from sidecar.storage.azure_download import download
 from sidecar.storage.azure_errors import map_error
 from sidecar.storage.base import (
     Backend,
@@ -49,7 +50,7 @@ from sidecar.storage.base import (
 from sidecar.storage.body import BytesBody
 from sidecar.storage.budget import Budget
 from sidecar.storage.buffers import PartBuffers
-from sidecar.storage.checksum import Crc32c, crc32c_of_bytes
+from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import AzureOptions
 from sidecar.storage.url import DestinationUrl
@@ -106,6 +107,8 @@ class AzureBackend(Backend):
         self._budget = Budget(opts.max_concurrency, on_idle=self._buffers.clear)
         self._blocks = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="azure-block")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="azure-read")
+        # Ranged GETs of every download together, as many at once as blocks go up.
+        self._getters = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="azure-get")
 
     @property
     def url(self) -> str:
@@ -215,19 +218,30 @@ class AzureBackend(Backend):
         return ObjectInfo(key=key, size=len(data), crc32c=crc, mtime=_mtime(done))
 
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
-        crc = Crc32c()
-        size = 0
+        """Download ``key`` into ``path``, computing its CRC32C as the bytes arrive.
+
+        A blob larger than one GET (:data:`~.azure_client.DOWNLOAD_GET_BYTES`) comes in
+        ranges of that size, up to ``max_concurrency`` GETs at once for all downloads of
+        this backend, each pinned to the first GET's ETag (:mod:`.azure_download`). On any
+        failure ``path`` is removed."""
+        blob = self._blob(key)
         with self._errors("download", key):
-            stream = self._blob(key).download_blob(cpk=self._cpk)
-            mtime = stream.properties.last_modified
-            with open(path, "wb") as out:
-                for chunk in stream.chunks():
-                    crc.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-                    if progress:
-                        progress(len(chunk))
-        return ObjectInfo(key=key, size=size, crc32c=crc.b64(), mtime=mtime.timestamp())
+            first = blob.download_blob(cpk=self._cpk)
+
+        def mapped(e: AzureError, op: str) -> StorageError:
+            return map_error(e, op=op, account=self.account, container=self.container_name, key=key)
+
+        return download(
+            blob,
+            first,
+            path,
+            key=key,
+            range_size=DOWNLOAD_GET_BYTES,
+            pool=self._getters,
+            map_error=mapped,
+            progress=progress,
+            cpk=self._cpk,
+        )
 
     def get_bytes(self, key: str) -> bytes:
         with self._errors("read", key):
@@ -290,5 +304,6 @@ class AzureBackend(Backend):
     def close(self) -> None:
         self._blocks.shutdown(wait=True)
         self._reader.shutdown(wait=True)
+        self._getters.shutdown(wait=True)
         with contextlib.suppress(StorageError, AzureError):
             self._container.close()
