@@ -3,11 +3,12 @@
 Contract of :func:`download`: ``response`` is the object's first GET (with
 ``ChecksumMode=ENABLED``). An object of at most ``range_size`` bytes is streamed from it; a
 larger one comes in ranges of ``range_size`` on ``pool`` (:mod:`.ranges`), each pinned to
-that GET's ETag, so an object replaced meanwhile fails the download instead of mixing two
-versions. Either way the CRC32C of the bytes written is computed as they arrive and, where
-the store reports a whole-object CRC32C, compared with it: :class:`ChecksumMismatch` if they
-differ. On any failure ``path`` is removed; store errors are mapped by
-:func:`.s3_errors.map_error`, local write errors stay ``OSError``.
+that GET's ETag, so an object replaced meanwhile fails the download (a
+:class:`TransientError` saying so) instead of mixing two versions. Either way the CRC32C of
+the bytes written is computed as they arrive and, where the store reports a whole-object
+CRC32C, compared with it: :class:`ChecksumMismatch` if they differ. On any failure ``path``
+is removed; store errors are mapped by :func:`.s3_errors.map_error`, local write errors stay
+``OSError``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.storage.base import ChecksumMismatch, ObjectInfo, Progress
+from botocore.exceptions import ClientError
+
+from sidecar.storage.base import ChecksumMismatch, ObjectInfo, Progress, TransientError
 from sidecar.storage.checksum import CHUNK, Crc32c
 from sidecar.storage.ranges import RangeReader, download_in_ranges
 from sidecar.storage.s3_client import full_crc
-from sidecar.storage.s3_errors import map_error
+from sidecar.storage.s3_errors import error_code, map_error
 
 __all__ = ["Source", "download"]
+
+#: What a ranged GET pinned with ``If-Match`` gets once the object was replaced
+_REPLACED = {"PreconditionFailed", "412"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,11 @@ def _range_reader(src: Source, etag: str | None) -> RangeReader:
                 Bucket=src.bucket, Key=src.full_key, Range=f"bytes={first}-{last}", **pin
             )
         except Exception as e:
+            if etag and isinstance(e, ClientError) and error_code(e) in _REPLACED:
+                raise TransientError(
+                    f"s3://{src.bucket}/{src.full_key}: the object was replaced during the "
+                    "download (its ETag changed); download it again"
+                ) from None
             raise map_error(e, op="GetObject", bucket=src.bucket, key=src.key) from e
         yield from _chunks(src, r["Body"])
 

@@ -86,6 +86,31 @@ def test_a_large_object_comes_down_in_ranges_pinned_to_its_etag(
     backend.close()
 
 
+def test_an_object_replaced_during_a_ranged_download_fails_it(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    """One range at a time (``part_concurrency=1``): the first piece of the first range is
+    reported, the object is replaced, and the next ranged GET finds another ETag. The error
+    says so and is retried later; no file is left with bytes of two versions."""
+    backend = s3_backend(s3_env, new_bucket(s3_env), part_concurrency=1)
+    src = tmp_path / "w.pt"
+    src.write_bytes(os.urandom(2 * 5 * MiB + 1))
+    backend.put_file("w.pt", src)
+    replaced = False
+
+    def replace_once(_: int) -> None:
+        nonlocal replaced
+        if not replaced:
+            replaced = True
+            backend.put_bytes("w.pt", b"a new version")
+
+    with pytest.raises(TransientError, match="replaced during the download"):
+        backend.get_file("w.pt", tmp_path / "back.pt", progress=replace_once)
+    backend.close()
+    assert replaced
+    assert not (tmp_path / "back.pt").exists()
+
+
 def test_bytes_damaged_on_the_way_down_fail_a_ranged_download(
     s3_env: S3Server, s3_proxy: S3Proxy, tmp_path: Path
 ) -> None:
