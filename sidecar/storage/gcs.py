@@ -118,6 +118,10 @@ class GcsBackend(Backend):
             self.options.part_concurrency, thread_name_prefix="gcs-part"
         )
         self._reader = cf.ThreadPoolExecutor(1, thread_name_prefix="gcs-read")
+        # Ranged GETs of every download together, as many at once as parts go up.
+        self._getters = cf.ThreadPoolExecutor(
+            self.options.part_concurrency, thread_name_prefix="gcs-get"
+        )
         self._closed = False
 
     @property
@@ -268,15 +272,24 @@ class GcsBackend(Backend):
     # -- reads --------------------------------------------------------------------------
 
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        """Download ``key`` into ``path``; compare with the store's CRC32C when it sends one.
+
+        An object larger than ``xml_part_size_bytes`` comes in ranges of that size (a
+        sliced download), up to ``part_concurrency`` GETs at once for all downloads of this
+        backend, each of the generation the first GET named (:mod:`.gcs_download`). On any
+        failure ``path`` is removed."""
         name = self._name(key)
-        try:
-            with open(path, "wb") as out, self._errors("download", name):  # token refresh
-                size, crc = download(
-                    self._http, self._client.api_endpoint, self.bucket_name, name, out, progress
-                )
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+        with self._errors("download", name):  # token refresh
+            size, crc = download(
+                self._http,
+                self._client.api_endpoint,
+                self.bucket_name,
+                name,
+                path,
+                range_size=self.options.xml_part_size_bytes,
+                pool=self._getters,
+                progress=progress,
+            )
         return ObjectInfo(key=key, size=size, crc32c=crc, mtime=None)
 
     def get_bytes(self, key: str) -> bytes:
@@ -364,5 +377,6 @@ class GcsBackend(Backend):
             self._closed = True
             self._parts.shutdown(wait=True, cancel_futures=True)
             self._reader.shutdown(wait=True)
+            self._getters.shutdown(wait=True)
             self._client.close()
             self._http.close()  # type: ignore[no-untyped-call]

@@ -1,4 +1,4 @@
-"""GCS downloads: one media GET (JSON API) through the backend's session, a block at a time.
+"""GCS downloads: media GETs (JSON API) through the backend's session, a block at a time.
 
 google-cloud-storage reads a download's response 8 KiB at a time (its module constant
 ``_SINGLE_GET_CHUNK_SIZE``) and checksums and writes each piece: about 0.7 CPU-s per GB
@@ -6,23 +6,37 @@ more than reading it in blocks of :data:`~sidecar.storage.body.BLOCK` bytes, as
 here (bench/restore.md). The bytes are taken as stored (no gzip decoding, as the
 library's ``raw_download``), their CRC32C computed in the same pass as they are written.
 
-Guarantees of :func:`download`: on return the file holds the object's bytes, as many as
-the response's ``Content-Length``, and when the store sent a CRC32C in ``X-Goog-Hash``
-(GCS does, and so do both emulators the tests use) they match it; a store that sends none
-gets no check here, as with the library, and the caller's comparison with the manifest is
-the check. Raises :class:`NotFound` for a missing object,
+An object larger than ``range_size`` whose first GET names its generation
+(``X-Goog-Generation``: GCS and fake-gcs-server send it) and no stored encoding but
+``identity`` comes in ranges of ``range_size`` on ``pool`` (:mod:`.ranges`; GCS calls
+this a sliced download): the first GET is closed after its headers, and every range is a
+GET of that generation (``generation=``), so an object replaced meanwhile fails the
+download instead of mixing two versions. A range whose reply breaks is asked again from
+the byte where it broke. Otherwise the object comes in one stream.
+
+Guarantees of :func:`download`: on return ``path`` holds the object's bytes, as many as
+the first response's ``Content-Length``, and when the store sent a CRC32C in
+``X-Goog-Hash`` (GCS does, and so do both emulators the tests use) they match it (for
+ranges, their CRC32Cs combined); a store that sends none gets no check here, as with the
+library, and the caller's comparison with the manifest is the check. Raises
+:class:`NotFound` for a missing object,
 :class:`~sidecar.storage.gcs_errors.CorruptedInTransit` (a :class:`ChecksumMismatch`)
 when the bytes differ from the CRC32C sent, :class:`TransientError` when the connection
-fails, the reply ends short, or GCS answers 408, 410, 429 or 5xx on every attempt (one,
-then one after each pause of :data:`~sidecar.storage.gcs_resumable.RETRY_PAUSES`, each
-starting over; bytes written again are not reported to ``progress`` twice),
-:class:`PermanentError` for other refusals; :class:`Cancelled` from ``progress``
-propagates. The caller removes the file on any failure.
+fails, the reply ends short, GCS answers 408, 410, 429 or 5xx on every attempt (one,
+then one after each pause of :data:`~sidecar.storage.gcs_resumable.RETRY_PAUSES`; one
+stream starts over, a range goes on from where it broke; bytes written again are not
+reported to ``progress`` twice), or the generation is gone (the object was replaced or
+deleted), :class:`PermanentError` for other refusals; :class:`Cancelled` from
+``progress`` propagates. On any failure ``path`` is removed.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
@@ -40,6 +54,7 @@ from sidecar.storage.gcs_errors import (
     status_error,
 )
 from sidecar.storage.gcs_resumable import TIMEOUT
+from sidecar.storage.ranges import RangeReader, download_in_ranges
 
 __all__ = ["download", "media_url", "stored_crc32c"]
 
@@ -61,24 +76,68 @@ def stored_crc32c(resp: requests.Response) -> str | None:
     return None
 
 
+class _Ranged(Exception):
+    """Raised by the first attempt, once its headers are read, to go on in ranges."""
+
+    def __init__(self, size: int, expected: str | None, generation: str) -> None:
+        super().__init__(size)
+        self.size = size
+        self.expected = expected
+        self.generation = generation
+
+
 def download(
     http: requests.Session,
     base_url: str,
     bucket: str,
     name: str,
-    out: BinaryIO,
+    path: Path,
+    *,
+    range_size: int,
+    pool: Executor,
     progress: Progress | None = None,
 ) -> tuple[int, str]:
-    """Write ``gs://bucket/name`` to ``out`` (an empty file opened for writing).
+    """Write ``gs://bucket/name`` to ``path`` (created or truncated).
 
     Returns the size and the base64 CRC32C of the bytes written. See the module for
     what is guaranteed and raised.
     """
     url = media_url(base_url, bucket, name)
+    where = f"gs://{bucket}/{name}"
+    try:
+        with open(path, "wb") as out:
+            try:
+                return _one_stream(http, url, bucket, name, out, progress, range_size)
+            except _Ranged as r:
+                ranged = r
+        reader = _range_reader(http, url, bucket, name, ranged.generation)
+        crc = download_in_ranges(reader, path, ranged.size, range_size, pool, progress)
+        if ranged.expected is not None and crc != ranged.expected:
+            raise CorruptedInTransit(
+                f"GCS download {where}: CRC32C mismatch (GCS sent {ranged.expected}, the "
+                f"ranges received make {crc})"
+            )
+        return ranged.size, crc
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _one_stream(
+    http: requests.Session,
+    url: str,
+    bucket: str,
+    name: str,
+    out: BinaryIO,
+    progress: Progress | None,
+    range_size: int,
+) -> tuple[int, str]:
+    """The whole object in one GET, started over on a transient failure; raises
+    :class:`_Ranged` instead when the first reply says it can come in ranges."""
     ticker = _Ticker(progress)
     for pause in (*gcs_resumable.RETRY_PAUSES, None):
         try:
-            return _attempt(http, url, bucket, name, out, ticker)
+            return _attempt(http, url, bucket, name, out, ticker, range_size)
         except CorruptedInTransit:
             raise  # damage is not retried here: the caller decides (as with the library)
         except TransientError:
@@ -100,13 +159,26 @@ def _attempt(
     name: str,
     out: BinaryIO,
     ticker: _Ticker,
+    range_size: int,
 ) -> tuple[int, str]:
+    """One GET of the whole object; with ``range_size``, :class:`_Ranged` for an object
+    larger than it that names its generation and is stored as it is."""
     where = f"gs://{bucket}/{name}"
     with http.get(url, stream=True, timeout=TIMEOUT) as resp:
         if resp.status_code != 200:
             raise _refusal(resp, bucket, name)
         expected = stored_crc32c(resp)
         length = resp.headers.get("Content-Length")
+        generation = resp.headers.get("X-Goog-Generation", "")
+        encoding = resp.headers.get("X-Goog-Stored-Content-Encoding", "identity")
+        if (
+            range_size
+            and length is not None
+            and int(length) > range_size
+            and generation.isdigit()
+            and encoding == "identity"
+        ):
+            raise _Ranged(int(length), expected, generation)  # closes this reply unread
         crc = Crc32c()
         size = 0
         while block := resp.raw.read(BLOCK, decode_content=False):
@@ -124,6 +196,71 @@ def _attempt(
             f"received make {crc.b64()})"
         )
     return size, crc.b64()
+
+
+def _range_reader(
+    http: requests.Session, url: str, bucket: str, name: str, generation: str
+) -> RangeReader:
+    """Ranges of ``generation`` of the object. A reply that fails or breaks is asked again
+    from the byte where it broke, after each pause of ``RETRY_PAUSES``."""
+    pinned = f"{url}&generation={generation}"
+
+    def read(first: int, last: int) -> Iterator[bytes]:
+        at = first  # the next byte to hand out
+        for pause in (*gcs_resumable.RETRY_PAUSES, None):
+            try:
+                with http.get(
+                    pinned, headers={"Range": f"bytes={at}-{last}"}, stream=True, timeout=TIMEOUT
+                ) as resp:
+                    _check_range(resp, at, last, bucket, name, generation)
+                    while block := resp.raw.read(BLOCK, decode_content=False):
+                        at += len(block)
+                        yield block
+                if at > last:
+                    return
+                error: StorageError = TransientError(
+                    f"GCS download gs://{bucket}/{name}: a range reply ended at byte {at} "
+                    f"of {first}-{last}"
+                )
+            except StorageError as e:
+                error = e
+            except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as e:
+                error = map_error(e, op="download", bucket=bucket, name=name)
+            if pause is None or not isinstance(error, TransientError) or isinstance(error, _Final):
+                raise error
+            time.sleep(pause)
+
+    return read
+
+
+class _Final(TransientError):
+    """A range answer that asking again cannot mend (the generation is gone, or the store
+    ignores ranges for the object); the download as a whole may be tried again later."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/\d+")
+
+
+def _check_range(
+    resp: requests.Response, first: int, last: int, bucket: str, name: str, generation: str
+) -> None:
+    """Raise unless ``resp`` is the range ``first``-``last`` asked for."""
+    where = f"GCS download gs://{bucket}/{name}"
+    if resp.status_code == 404:
+        raise _Final(
+            f"{where}: generation {generation} is gone (the object was replaced or deleted "
+            "during the download); download it again"
+        )
+    if resp.status_code != 206:
+        if resp.status_code == 200:
+            raise _Final(f"{where}: the store answered a range with the whole object")
+        raise _refusal(resp, bucket, name)
+    m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", ""))
+    if m is None or (int(m[1]), int(m[2])) != (first, last):
+        raise TransientError(
+            f"{where}: asked for bytes {first}-{last}, the store sent "
+            f"{resp.headers.get('Content-Range')!r}"
+        )
 
 
 class _Ticker:

@@ -11,7 +11,7 @@ that need it; it is never a skip. ``GcsServer.new_bucket()`` makes a fresh bucke
 
 ``gcs_recorder`` (function): :class:`GcsRecorder`, a small threaded HTTP server that
 speaks just enough of the JSON API (bucket get, listing, simple and resumable uploads,
-object get, media download with ``X-Goog-Hash``) and of the XML multipart API, records
+object get, media download whole or in a range) and of the XML multipart API, records
 every request, and answers scripted failures: it stands in for real GCS where neither
 emulator goes (XML multipart, 403, dropped connections, the store's clock).
 
@@ -348,12 +348,30 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._route(st, rec, cut=fault.cut if fault is not None else None)
 
-    def _media(self, st: GcsRecorder, name: str, cut: int | None) -> None:
-        """An object's bytes, with the ``X-Goog-Hash`` GCS sends (``cut``: see :class:`Fault`)."""
+    def _media(self, st: GcsRecorder, rec: Recorded, name: str, cut: int | None) -> None:
+        """An object's bytes as GCS sends them (``cut``: see :class:`Fault`): the whole
+        object with its ``X-Goog-Hash``, generation and stored encoding; with ``Range:
+        bytes=A-B``, that range (206, ``Content-Range``); with ``generation=`` other than
+        the object's (every object here is generation 1), 404, as for a replaced object."""
         data = st.objects[name]
+        if rec.query.get("generation", "1") != "1":
+            return self._json(404, {"error": {"code": 404, "message": "No such object"}})
+        status = 200
+        headers = {
+            "X-Goog-Hash": f"crc32c={crc32c_of_bytes(data)}",
+            "X-Goog-Generation": "1",
+            "X-Goog-Stored-Content-Encoding": "identity",
+        }
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", rec.headers.get("range", ""))
+        if asked:
+            first, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
+            status, headers = 206, {"Content-Range": f"bytes {first}-{last}/{len(data)}"}
+            data = data[first : last + 1]
         if cut is None:
-            return self._reply(200, data, X_Goog_Hash=f"crc32c={crc32c_of_bytes(data)}")
-        self.send_response(200)
+            return self._reply(status, data, **{k.replace("-", "_"): v for k, v in headers.items()})
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data[:cut])
@@ -366,7 +384,7 @@ class _Handler(BaseHTTPRequestHandler):
         if m and q.get("alt") == "media":
             if m.group(2) not in st.objects:
                 return self._json(404, {"error": {"code": 404, "message": "No such object"}})
-            return self._media(st, m.group(2), cut)
+            return self._media(st, rec, m.group(2), cut)
         if path.startswith("/upload/storage/v1/b/"):
             return self._json_upload(st, rec)
         m = re.fullmatch(r"/storage/v1/b/([^/]+)", path)
@@ -386,7 +404,7 @@ class _Handler(BaseHTTPRequestHandler):
                 del st.objects[name]
                 return self._reply(204)
             if q.get("alt") == "media":
-                return self._media(st, name, cut)
+                return self._media(st, rec, name, cut)
             return self._json(200, st.resource(name))
         if re.fullmatch(r"/[^/]+", path) and "uploads" in q:
             return self._list_uploads(st, q.get("prefix", ""))
@@ -531,6 +549,7 @@ class GcsProxy:
     url: str = ""
     upstream: str = ""
     log: list[tuple[str, str, int]] = field(default_factory=list)
+    gets: list[tuple[str, str]] = field(default_factory=list)  # (path?query, Range) of GETs
     damage: list[Fault] = field(default_factory=list)
     damage_out: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -589,6 +608,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             data = _flip(data, "")
         with st.lock:
             st.log.append((self.command, self.path, resp.status))
+            if self.command == "GET":
+                st.gets.append((self.path, self.headers.get("Range", "")))
         self.send_response(resp.status)
         for k, v in resp.getheaders():
             if k.lower() in ("content-length", "transfer-encoding", "connection"):
