@@ -77,10 +77,14 @@ def stored_crc32c(resp: requests.Response) -> str | None:
 
 
 class _Ranged(Exception):
-    """Raised by the first attempt, once its headers are read, to go on in ranges."""
+    """Raised by the first attempt, once its headers are read, to go on in ranges: its
+    reply ``first``, still open, is the first range (whoever catches this closes it)."""
 
-    def __init__(self, size: int, expected: str | None, generation: str) -> None:
+    def __init__(
+        self, first: requests.Response, size: int, expected: str | None, generation: str
+    ) -> None:
         super().__init__(size)
+        self.first = first
         self.size = size
         self.expected = expected
         self.generation = generation
@@ -110,8 +114,11 @@ def download(
                 return _one_stream(http, url, bucket, name, out, progress, range_size)
             except _Ranged as r:
                 ranged = r
-        reader = _range_reader(http, url, bucket, name, ranged.generation)
-        crc = download_in_ranges(reader, path, ranged.size, range_size, pool, progress)
+        try:
+            reader = _range_reader(http, url, bucket, name, ranged)
+            crc = download_in_ranges(reader, path, ranged.size, range_size, pool, progress)
+        finally:
+            ranged.first.close()
         if ranged.expected is not None and crc != ranged.expected:
             raise CorruptedInTransit(
                 f"GCS download {where}: CRC32C mismatch (GCS sent {ranged.expected}, the "
@@ -164,7 +171,9 @@ def _attempt(
     """One GET of the whole object; with ``range_size``, :class:`_Ranged` for an object
     larger than it that names its generation and is stored as it is."""
     where = f"gs://{bucket}/{name}"
-    with http.get(url, stream=True, timeout=TIMEOUT) as resp:
+    resp = http.get(url, stream=True, timeout=TIMEOUT)
+    handed_on = False
+    try:
         if resp.status_code != 200:
             raise _refusal(resp, bucket, name)
         expected = stored_crc32c(resp)
@@ -178,7 +187,8 @@ def _attempt(
             and generation.isdigit()
             and encoding == "identity"
         ):
-            raise _Ranged(int(length), expected, generation)  # closes this reply unread
+            handed_on = True
+            raise _Ranged(resp, int(length), expected, generation)
         crc = Crc32c()
         size = 0
         while block := resp.raw.read(BLOCK, decode_content=False):
@@ -186,6 +196,9 @@ def _attempt(
             out.write(block)
             size += len(block)
             ticker.advance(size)
+    finally:
+        if not handed_on:
+            resp.close()
     if length is not None and int(length) != size:
         raise TransientError(
             f"GCS download {where}: the response ended after {size} of {length} bytes"
@@ -199,14 +212,29 @@ def _attempt(
 
 
 def _range_reader(
-    http: requests.Session, url: str, bucket: str, name: str, generation: str
+    http: requests.Session, url: str, bucket: str, name: str, ranged: _Ranged
 ) -> RangeReader:
-    """Ranges of ``generation`` of the object. A reply that fails or breaks is asked again
-    from the byte where it broke, after each pause of ``RETRY_PAUSES``."""
+    """Ranges of the generation the first GET named; the first range is read from that
+    GET's reply. A reply that fails or breaks is asked again from the byte where it broke,
+    after each pause of ``RETRY_PAUSES`` (the first GET's at once)."""
+    generation = ranged.generation
     pinned = f"{url}&generation={generation}"
 
     def read(first: int, last: int) -> Iterator[bytes]:
         at = first  # the next byte to hand out
+        if first == 0:
+            try:
+                while at <= last and (
+                    block := ranged.first.raw.read(min(BLOCK, last + 1 - at), decode_content=False)
+                ):
+                    at += len(block)
+                    yield block
+            except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError):
+                pass  # asked again below, from where it broke
+            finally:
+                ranged.first.close()
+            if at > last:
+                return
         for pause in (*gcs_resumable.RETRY_PAUSES, None):
             try:
                 with http.get(
