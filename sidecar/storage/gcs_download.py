@@ -9,10 +9,10 @@ library's ``raw_download``), their CRC32C computed in the same pass as they are 
 An object larger than ``range_size`` whose first GET names its generation
 (``X-Goog-Generation``: GCS and fake-gcs-server send it) and no stored encoding but
 ``identity`` comes in ranges of ``range_size`` on ``pool`` (:mod:`.ranges`; GCS calls
-this a sliced download): the first GET is closed after its headers, and every range is a
-GET of that generation (``generation=``), so an object replaced meanwhile fails the
-download instead of mixing two versions. A range whose reply breaks is asked again from
-the byte where it broke. Otherwise the object comes in one stream.
+this a sliced download): the first range is read from the first GET's reply, every other
+range is a GET of that generation (``generation=``), so an object replaced meanwhile fails
+the download instead of mixing two versions. A range whose reply breaks is asked again
+from the byte where it broke. Otherwise the object comes in one stream.
 
 Guarantees of :func:`download`: on return ``path`` holds the object's bytes, as many as
 the first response's ``Content-Length``, and when the store sent a CRC32C in
