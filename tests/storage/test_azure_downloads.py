@@ -12,11 +12,11 @@ import pytest
 
 from sidecar.storage.azure import AzureBackend, create
 from sidecar.storage.azure_client import DOWNLOAD_GET_BYTES
-from sidecar.storage.base import TransientError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.url import parse_destination
 from tests.servers.azurite import ACCOUNT, Azurite
 from tests.servers.seaweedfs import S3Proxy
+from tests.storage.replaced import assert_a_replacement_midway_fails_the_download
 
 MiB = 1024 * 1024
 
@@ -92,19 +92,10 @@ def test_a_blob_replaced_during_the_download_fails_it(
     src = tmp_path / "model.pt"
     src.write_bytes(os.urandom(DOWNLOAD_GET_BYTES + MiB))
     backend.put_file("model.pt", src)
-    replaced = False
-
-    def replace_once(_: int) -> None:
-        nonlocal replaced
-        if not replaced:
-            replaced = True
-            backend.put_bytes("model.pt", b"a new version")
-
-    with pytest.raises(TransientError, match="replaced during the download"):
-        backend.get_file("model.pt", tmp_path / "restored.pt", progress=replace_once)
+    assert_a_replacement_midway_fails_the_download(
+        backend, "model.pt", tmp_path / "restored.pt", match="replaced during the download"
+    )
     backend.close()
-    assert replaced
-    assert not (tmp_path / "restored.pt").exists()
     assert [r.status for r in proxy.requests if r.method == "GET"] == [206, 412]
 
 

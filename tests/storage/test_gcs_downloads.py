@@ -16,6 +16,7 @@ from sidecar.storage import gcs_resumable
 from sidecar.storage.base import PermanentError, TransientError
 from sidecar.storage.checksum import crc32c_of_bytes
 from tests.servers.gcs import GcsRecorder, GcsServer, gcs_backend, gcs_proxy
+from tests.storage.replaced import assert_a_replacement_midway_fails_the_download
 
 MiB = 1024 * 1024
 
@@ -155,19 +156,10 @@ def test_an_object_replaced_during_a_sliced_download_fails_it(
         src = tmp_path / "model.pt"
         src.write_bytes(os.urandom(2 * 5 * MiB))
         backend.put_file("model.pt", src)
-        replaced = False
-
-        def replace_once(_: int) -> None:
-            nonlocal replaced
-            if not replaced:
-                replaced = True
-                backend.put_bytes("model.pt", b"a new version")
-
-        with pytest.raises(TransientError, match="replaced or deleted during the download"):
-            backend.get_file("model.pt", tmp_path / "back.pt", progress=replace_once)
+        assert_a_replacement_midway_fails_the_download(
+            backend, "model.pt", tmp_path / "back.pt", match="replaced or deleted during"
+        )
         backend.close()
-    assert replaced
-    assert not (tmp_path / "back.pt").exists()
     assert proxy.statuses("GET", "alt=media") == [200, 404]  # the first GET, then one range
 
 

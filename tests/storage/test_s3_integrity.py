@@ -13,6 +13,7 @@ from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.s3 import S3Backend
 from tests.conformance.test_s3 import MiB, s3_backend
 from tests.servers.seaweedfs import S3Proxy, S3Server, new_bucket
+from tests.storage.replaced import assert_a_replacement_midway_fails_the_download
 
 
 def test_corrupted_part_is_rejected_by_the_store_and_sent_again(
@@ -96,19 +97,10 @@ def test_an_object_replaced_during_a_ranged_download_fails_it(
     src = tmp_path / "w.pt"
     src.write_bytes(os.urandom(2 * 5 * MiB + 1))
     backend.put_file("w.pt", src)
-    replaced = False
-
-    def replace_once(_: int) -> None:
-        nonlocal replaced
-        if not replaced:
-            replaced = True
-            backend.put_bytes("w.pt", b"a new version")
-
-    with pytest.raises(TransientError, match="replaced during the download"):
-        backend.get_file("w.pt", tmp_path / "back.pt", progress=replace_once)
+    assert_a_replacement_midway_fails_the_download(
+        backend, "w.pt", tmp_path / "back.pt", match="replaced during the download"
+    )
     backend.close()
-    assert replaced
-    assert not (tmp_path / "back.pt").exists()
 
 
 def test_bytes_damaged_on_the_way_down_fail_a_ranged_download(
