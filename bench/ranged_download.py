@@ -55,8 +55,6 @@ from tests.servers.seaweedfs import S3Server, new_bucket
 WAYS = ("ranges", "one stream")
 ONE_STREAM = 5 * 1024 * MiB  # a range size above any object here
 BURST_SECONDS = 0.05
-#: the bucket or container of each store's run
-BUCKETS: dict[str, str] = {}
 
 
 def _relay(src: socket.socket, dst: socket.socket, rate: float) -> None:
@@ -109,22 +107,23 @@ def capping_proxy(upstream_port: int, mbps: float) -> Iterator[str]:
         listener.close()
 
 
-def backend_for(kind: str, server: Any, proxy: str, way: str) -> Backend:
-    """A backend reaching ``server`` through ``proxy``, set up for ``way``."""
+def backend_for(kind: str, server: Any, bucket: str, proxy: str, way: str) -> Backend:
+    """A backend on ``bucket`` (a container on Azure) of ``server``, reached through
+    ``proxy``, set up for ``way``."""
     span = ONE_STREAM if way == "one stream" else None
     if kind == "s3":
         assert isinstance(server, S3Server)
         os.environ.update(s3_env(server, endpoint=proxy))
         opts = S3Options(part_size_bytes=span) if span else S3Options()
-        return open_backend(DestinationConfig(url=f"s3://{BUCKETS[kind]}/bench", s3=opts))
+        return open_backend(DestinationConfig(url=f"s3://{bucket}/bench", s3=opts))
     if kind == "gcs":
         assert isinstance(server, GcsServer)
         os.environ["STORAGE_EMULATOR_HOST"] = proxy
         gcs = GcsOptions(xml_part_size_bytes=span) if span else GcsOptions()
-        return open_backend(DestinationConfig(url=f"gs://{BUCKETS[kind]}/bench", gcs=gcs))
+        return open_backend(DestinationConfig(url=f"gs://{bucket}/bench", gcs=gcs))
     assert isinstance(server, Azurite)
     az = AzureOptions.model_validate({"account_url": f"{proxy}/{ACCOUNT}", "account_key": KEY})
-    return open_backend(DestinationConfig(url=f"az://{BUCKETS[kind]}/bench", azure=az))
+    return open_backend(DestinationConfig(url=f"az://{bucket}/bench", azure=az))
 
 
 def _cpu() -> float:
@@ -147,16 +146,16 @@ def run_store(kind: str, args: argparse.Namespace, src: Path, work: Path) -> lis
     with store(kind, "fake-gcs-server") as server:
         assert server is not None
         if isinstance(server, S3Server):
-            BUCKETS[kind] = new_bucket(server, "ranged")
+            bucket = new_bucket(server, "ranged")
             port = int(server.endpoint_url.rsplit(":", 1)[1])
         elif isinstance(server, GcsServer):
-            BUCKETS[kind] = server.new_bucket("ranged")
+            bucket = server.new_bucket("ranged")
             port = int(server.url.rsplit(":", 1)[1])
         else:
-            BUCKETS[kind] = server.new_container()
+            bucket = server.new_container()
             port = server.port
         with capping_proxy(port, args.cap_mbps) as proxy:
-            backends = {way: backend_for(kind, server, proxy, way) for way in WAYS}
+            backends = {way: backend_for(kind, server, bucket, proxy, way) for way in WAYS}
             backends["ranges"].put_file("obj", src)
             want = crc32c_of_file(src)
             for run in range(args.runs):

@@ -45,8 +45,8 @@ _ENV_CONN = "AZURE_STORAGE_CONNECTION_STRING"
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 120.0
 #: A download's first GET and each ranged GET after it. The SDK's first GET defaults to
-#: 32 MiB and holds it several times over: a 48 MiB blob was traced at 302 MB, 46 MB with
-#: this (bench/restore.md); four downloads run at once in a restore.
+#: 32 MiB, received whole before its first byte is handed on: a restore of 100 files (four
+#: downloads at once) peaked at 518 MB of RSS with it, 156 MB with this (bench/restore.md).
 DOWNLOAD_GET_BYTES = 4 * 1024 * 1024
 #: Bytes of a response body read at a time; azure-core's default, 4 KiB, made a download
 #: cost 8-12 CPU-s/GB against Azurite, 1.9-3.2 with this (bench/restore.md).

@@ -52,7 +52,7 @@ def download(
     if size <= range_size:
         crc = _one_stream(first, path, map_error, progress)
     else:
-        head = _first_range(first, range_size, map_error)
+        head = _first_range(first, range_size, map_error, blob.blob_name)
         reader = _range_reader(blob, head, first.properties.etag, map_error, get_args)
         crc = download_in_ranges(reader, path, size, range_size, pool, progress)
     return ObjectInfo(key=key, size=size, crc32c=crc, mtime=mtime)
@@ -78,11 +78,15 @@ def _one_stream(
     return crc.b64()
 
 
-def _first_range(first: StorageStreamDownloader[bytes], length: int, map_error: MapError) -> bytes:
+def _first_range(
+    first: StorageStreamDownloader[bytes], length: int, map_error: MapError, name: str
+) -> bytes:
     """The first GET's bytes: the SDK hands out what it already holds before it fetches."""
     head = next(_chunks(first, map_error), b"")
     if len(head) != length:
-        raise TransientError(f"the first GET brought {len(head)} bytes, not {length}")
+        raise TransientError(
+            f"Azure download of {name!r}: the first GET brought {len(head)} bytes, not {length}"
+        )
     return head
 
 

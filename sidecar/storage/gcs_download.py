@@ -58,6 +58,9 @@ from sidecar.storage.ranges import RangeReader, download_in_ranges
 
 __all__ = ["download", "media_url", "stored_crc32c"]
 
+#: What a request or the read of a streamed reply raises when the connection fails
+_NETWORK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
+
 
 def media_url(base_url: str, bucket: str, name: str) -> str:
     """The JSON API media URL of ``gs://bucket/name`` (the one the library downloads from)."""
@@ -150,7 +153,7 @@ def _one_stream(
         except TransientError:
             if pause is None:
                 raise
-        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as e:
+        except _NETWORK_ERRORS as e:
             if pause is None:
                 raise map_error(e, op="download", bucket=bucket, name=name) from None
         time.sleep(pause)
@@ -229,7 +232,7 @@ def _range_reader(
                 ):
                     at += len(block)
                     yield block
-            except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError):
+            except _NETWORK_ERRORS:
                 pass  # asked again below, from where it broke
             finally:
                 ranged.first.close()
@@ -252,7 +255,7 @@ def _range_reader(
                 )
             except StorageError as e:
                 error = e
-            except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as e:
+            except _NETWORK_ERRORS as e:
                 error = map_error(e, op="download", bucket=bucket, name=name)
             if pause is None or not isinstance(error, TransientError) or isinstance(error, _Final):
                 raise error
