@@ -271,8 +271,19 @@ def s3_env(server: S3Server, endpoint: str | None = None) -> dict[str, str]:
 
 #: what ``store(kind)`` yields: the running server of a destination kind (None for file://)
 Store = S3Server | GcsServer | Azurite | None
+_ROOT = Path(__file__).resolve().parent.parent
 #: the GCS emulators ``store("gcs", ...)`` can start
 GCS_EMULATORS = ("fake-gcs-server", "gcp-storage-emulator")
+#: ``store("gcs", GCS_LOOK_ALIKE)``: the tests' GCS look-alike in its own process, keeping
+#: no object bytes (tests/servers/gcs.py, ``--sink``), for what no emulator can hold: it
+#: speaks the XML multipart API that real GCS uses for files of 1 GiB or more, checks
+#: every part's CRC32C and gives the object the CRC32C of its parts. Not a store to time:
+#: one Python process on this machine's cores.
+GCS_LOOK_ALIKE = "look-alike"
+#: what a daemon on the look-alike is told, so that it uploads as on real GCS: XML
+#: multipart from 1 GiB (``sidecar.storage.gcs.XML_AUTO_THRESHOLD``; an emulator host
+#: turns it off unless set)
+LOOK_ALIKE_ENV = {"CKPT_SIDECAR_DESTINATION__GCS__XML_MULTIPART_THRESHOLD_BYTES": str(1 << 30)}
 KINDS = {
     "file": "file://",
     "s3": "S3 (SeaweedFS)",
@@ -320,6 +331,25 @@ def start_fake_gcs_on_disk(data: Path) -> GcsServer:
     return server
 
 
+def start_gcs_look_alike(data: Path) -> GcsServer:
+    """The tests' GCS look-alike in sink mode, in its own process (see GCS_LOOK_ALIKE)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = data / "gcs-look-alike.log"
+    args = [sys.executable, "-m", "tests.servers.gcs", "--sink", "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=_ROOT
+        )
+    server = GcsServer(GCS_LOOK_ALIKE, url, proc, log)
+    try:
+        _wait_answers(url + "/storage/v1/b/probe", proc, log, "the GCS look-alike")
+    except BaseException:
+        stop_gcs(server)
+        raise
+    return server
+
+
 @contextlib.contextmanager
 def store(kind: str, gcs_emulator: str = "fake-gcs-server") -> Iterator[Store]:
     """The server a destination kind needs, in its own temp folder, stopped and removed at
@@ -341,13 +371,14 @@ def store(kind: str, gcs_emulator: str = "fake-gcs-server") -> Iterator[Store]:
             with start_azurite(data, on_disk=True) as az:  # blobs on disk, not in RAM
                 yield az
             return
-        if gcs_emulator not in GCS_EMULATORS:
+        if gcs_emulator not in (*GCS_EMULATORS, GCS_LOOK_ALIKE):
             raise ValueError(f"unknown GCS emulator {gcs_emulator!r}")
-        gcs = (
-            start_fake_gcs_on_disk(data)
-            if gcs_emulator == "fake-gcs-server"
-            else start_gcp_storage_emulator(data)  # --in-memory
-        )
+        if gcs_emulator == GCS_LOOK_ALIKE:
+            gcs = start_gcs_look_alike(data)
+        elif gcs_emulator == "fake-gcs-server":
+            gcs = start_fake_gcs_on_disk(data)
+        else:
+            gcs = start_gcp_storage_emulator(data)  # --in-memory
         try:
             yield gcs
         finally:
@@ -395,9 +426,10 @@ def new_target(kind: str, work: Path, server: Store, stem: str) -> Target:
         return Target(f"file://{d}", {}, d)
     if kind == "gcs":
         assert isinstance(server, GcsServer)
-        return Target(
-            f"gs://{server.new_bucket(stem)}/bench", {"STORAGE_EMULATOR_HOST": server.url}
-        )
+        env = {"STORAGE_EMULATOR_HOST": server.url}
+        if server.name == GCS_LOOK_ALIKE:
+            env.update(LOOK_ALIKE_ENV)
+        return Target(f"gs://{server.new_bucket(stem)}/bench", env)
     if kind == "azure":
         assert isinstance(server, Azurite)
         env = {

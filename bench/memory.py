@@ -42,6 +42,7 @@ import psutil
 
 from bench._common import (
     GCS_EMULATORS,
+    GCS_LOOK_ALIKE,
     GiB,
     MiB,
     Report,
@@ -168,7 +169,13 @@ def main() -> None:
         help="checkpoint size for gcs: the emulators hold an upload in memory, whole "
         "(the mixed shape fits at 10 on fake-gcs-server)",
     )
-    p.add_argument("--gcs-emulator", choices=GCS_EMULATORS, default="gcp-storage-emulator")
+    p.add_argument(
+        "--gcs-emulator",
+        choices=(*GCS_EMULATORS, GCS_LOOK_ALIKE),
+        default="gcp-storage-emulator",
+        help=f"{GCS_LOOK_ALIKE}: the tests' look-alike keeping no bytes, uploads as on real "
+        "GCS (XML multipart from 1 GiB); use it with --gcs-gib 10",
+    )
     p.add_argument(
         "--daemon-env",
         action="append",

@@ -13,7 +13,9 @@ that need it; it is never a skip. ``GcsServer.new_bucket()`` makes a fresh bucke
 speaks just enough of the JSON API (bucket get, listing, simple and resumable uploads,
 object get, media download whole or in a range) and of the XML multipart API, records
 every request, and answers scripted failures: it stands in for real GCS where neither
-emulator goes (XML multipart, 403, dropped connections, the store's clock).
+emulator goes (XML multipart, 403, dropped connections, the store's clock). With ``sink``
+it keeps no object bytes (only sizes and CRC32Cs), so a benchmark can send it more than
+memory holds: ``python -m tests.servers.gcs --sink --port N`` serves one in its own process.
 
 ``gcs_proxy(server)`` (context manager): :class:`GcsProxy` in front of an emulator; it
 flips one byte of chosen request or response bodies, so damage in transit is real.
@@ -22,7 +24,9 @@ flips one byte of chosen request or response bodies, so damage in transit is rea
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import http.client
 import importlib.util
 import itertools
@@ -48,7 +52,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from sidecar.storage.checksum import crc32c_of_bytes
+from sidecar.storage.checksum import Crc32c, crc32c_of_bytes
 from tests.servers.ports import free_port
 
 if TYPE_CHECKING:
@@ -60,6 +64,7 @@ __all__ = [
     "GcsRecorder",
     "GcsServer",
     "Recorded",
+    "Sunk",
     "fake_gcs_server",
     "gcs_backend",
     "gcs_emulator",
@@ -232,6 +237,29 @@ class Fault:
     cut: int | None = None
 
 
+@dataclass(frozen=True)
+class Sunk:
+    """What a sink look-alike keeps of a part or an object instead of its bytes."""
+
+    size: int
+    crc: int  # CRC32C
+
+    @classmethod
+    def of(cls, data: bytes) -> Sunk:
+        c = Crc32c()
+        c.update(data)
+        return cls(len(data), c.value())
+
+    def b64(self) -> str:
+        c = Crc32c()
+        c.extend(self.crc, self.size)
+        return c.b64()
+
+
+#: In sink mode, objects at least this large keep only their size and CRC32C.
+SINK_MIN_BYTES = 1024 * 1024
+
+
 def _hash_header(value: str) -> str | None:
     for item in value.split(","):
         algo, _, digest = item.strip().partition("=")
@@ -246,11 +274,11 @@ class GcsRecorder:
 
     url: str = ""
     location: str = "EUROPE-WEST4"
-    objects: dict[str, bytes] = field(default_factory=dict)
+    objects: dict[str, bytes | Sunk] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     sessions: dict[str, tuple[str, bytearray]] = field(default_factory=dict)
-    uploads: dict[str, tuple[str, dict[int, bytes]]] = field(default_factory=dict)
+    uploads: dict[str, tuple[str, dict[int, bytes | Sunk]]] = field(default_factory=dict)
     initiated: dict[str, float] = field(default_factory=dict)
     clock_offset: float = 0.0  # the store's clock minus ours, for its Date header
     part_delay: float = 0.0  # seconds each XML part takes to store (models the link)
@@ -258,6 +286,13 @@ class GcsRecorder:
     max_parts_in_flight: int = 0  # of all uploads together
     max_uploads_in_flight: int = 0  # uploads with a part being stored at the same time
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: keep no bytes of XML parts nor of objects of SINK_MIN_BYTES or more (their size and
+    #: CRC32C only; a download of one is refused), and record requests without their bodies
+    sink: bool = False
+
+    def keep(self, name: str, data: bytes) -> None:
+        """Store object ``name`` (only its size and CRC32C when sinking a large one)."""
+        self.objects[name] = Sunk.of(data) if self.sink and len(data) >= SINK_MIN_BYTES else data
 
     def fail(
         self,
@@ -283,8 +318,9 @@ class GcsRecorder:
 
     def resource(self, name: str) -> dict[str, object]:
         data = self.objects[name]
+        crc = data.b64() if isinstance(data, Sunk) else crc32c_of_bytes(data)
         return {
-            "name": name, "bucket": "b", "size": str(len(data)), "crc32c": crc32c_of_bytes(data),
+            "name": name, "bucket": "b", "size": str(_size(data)), "crc32c": crc,
             "generation": "1", "updated": "2026-01-02T03:04:05.000Z",
         }  # fmt: skip
 
@@ -326,7 +362,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         with st.lock:
-            st.requests.append(rec)
+            st.requests.append(dataclasses.replace(rec, body=b"") if st.sink else rec)
             target = rec.path + "?" + parts.query
             fault = next(
                 (f for f in st.faults if f.method == self.command and re.search(f.match, target)),
@@ -354,6 +390,8 @@ class _Handler(BaseHTTPRequestHandler):
         bytes=A-B``, that range (206, ``Content-Range``); with ``generation=`` other than
         the object's (every object here is generation 1), 404, as for a replaced object."""
         data = st.objects[name]
+        if isinstance(data, Sunk):
+            return self._json(501, {"error": {"code": 501, "message": "sink: no bytes kept"}})
         if rec.query.get("generation", "1") != "1":
             return self._json(404, {"error": {"code": 404, "message": "No such object"}})
         status = 200
@@ -387,10 +425,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._media(st, rec, m.group(2), cut)
         if path.startswith("/upload/storage/v1/b/"):
             return self._json_upload(st, rec)
+        if path == "/storage/v1/b" and rec.method == "POST":  # any bucket name exists
+            return self._json(200, json.loads(rec.body))
         m = re.fullmatch(r"/storage/v1/b/([^/]+)", path)
         if m and rec.method == "GET":
             return self._json(200, {"name": m.group(1), "location": st.location,
                                     "locationType": "region"})  # fmt: skip
+        if m and rec.method == "DELETE":
+            return self._reply(204)
         if re.fullmatch(r"/storage/v1/b/([^/]+)/o", path):
             pfx = q.get("prefix", "")
             items = [st.resource(n) for n in sorted(st.objects) if n.startswith(pfx)]
@@ -428,7 +470,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = chunks[2].split(b"\r\n\r\n", 1)[1][:-2]
             if meta.get("crc32c") and meta["crc32c"] != crc32c_of_bytes(data):
                 return self._json(400, {"error": {"code": 400, "message": "CRC32C mismatch"}})
-            st.objects[meta["name"]] = data
+            st.keep(meta["name"], data)
             return self._json(200, st.resource(meta["name"]))
         sid = q.get("upload_id", "")
         if sid not in st.sessions:
@@ -451,7 +493,7 @@ class _Handler(BaseHTTPRequestHandler):
         sent = _hash_header(rec.headers.get("x-goog-hash", ""))
         if sent is not None and sent != crc32c_of_bytes(bytes(held)):
             return self._json(400, {"error": {"code": 400, "message": "Provided CRC32C differs"}})
-        st.objects[name] = bytes(held)
+        st.keep(name, bytes(held))
         del st.sessions[sid]
         return self._json(200, st.resource(name))
 
@@ -504,19 +546,31 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(st.part_delay)
             with st.lock:
                 st.parts_in_flight[uid] -= 1
-            parts[int(q["partNumber"])] = rec.body
+            parts[int(q["partNumber"])] = Sunk.of(rec.body) if st.sink else rec.body
             return self._reply(200, b"", ETag=f'"{crc32c_of_bytes(rec.body)}"',
                                x_goog_hash=f"crc32c={crc32c_of_bytes(rec.body)}")  # fmt: skip
         if rec.method == "DELETE":
             del st.uploads[uid]
             return self._reply(204)
         numbers = [int(n) for n in re.findall(rb"<PartNumber>(\d+)</PartNumber>", rec.body)]
-        st.objects[name] = b"".join(parts[n] for n in numbers)
+        if st.sink:
+            whole = Crc32c()
+            for n in numbers:
+                part = parts[n]
+                assert isinstance(part, Sunk)
+                whole.extend(part.crc, part.size)
+            st.objects[name] = Sunk(sum(_size(parts[n]) for n in numbers), whole.value())
+        else:
+            st.objects[name] = b"".join(p for n in numbers if isinstance(p := parts[n], bytes))
         del st.uploads[uid]
         return self._reply(200, "<CompleteMultipartUploadResult><ETag>x</ETag>"
                            "</CompleteMultipartUploadResult>")  # fmt: skip
 
     do_GET = do_PUT = do_POST = do_DELETE = _handle
+
+
+def _size(data: bytes | Sunk) -> int:
+    return data.size if isinstance(data, Sunk) else len(data)
 
 
 class _RecorderServer(ThreadingHTTPServer):
@@ -644,3 +698,19 @@ def gcs_proxy(upstream: GcsServer) -> Iterator[GcsProxy]:
         server.shutdown()
         server.server_close()
         thread.join(STOP_TIMEOUT)
+
+
+def main() -> None:
+    """Serve one look-alike in this process until SIGTERM (``--sink``: see GcsRecorder)."""
+    ap = argparse.ArgumentParser(description="the GCS look-alike of the tests, on its own")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--sink", action="store_true")
+    a = ap.parse_args()
+    server = _RecorderServer(("127.0.0.1", a.port), _Handler)
+    server.state = GcsRecorder(url=f"http://127.0.0.1:{a.port}", sink=a.sink)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server.serve_forever(poll_interval=0.05)
+
+
+if __name__ == "__main__":
+    main()
