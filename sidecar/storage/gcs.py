@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import requests
 from google.api_core import exceptions as api_exceptions
@@ -38,6 +39,7 @@ from sidecar.storage.base import (
 )
 from sidecar.storage.body import BLOCK
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_client import connect
 from sidecar.storage.gcs_download import download
@@ -113,7 +115,8 @@ class GcsBackend(Backend):
         self._xml_threshold = threshold
         # XML multipart parts of every upload share one budget and one pool of part threads
         # (threads start on first use); see gcs_xml.upload_xml_multipart
-        self._budget = Budget(self.options.part_concurrency)
+        self._buffers = PartBuffers(self.options.part_concurrency)
+        self._budget = Budget(self.options.part_concurrency, on_idle=self._buffers.clear)
         self._parts = cf.ThreadPoolExecutor(
             self.options.part_concurrency, thread_name_prefix="gcs-part"
         )
@@ -204,7 +207,7 @@ class GcsBackend(Backend):
         return self._verified(key, name, crc.b64(), len(data), resource_of(blob))
 
     def _put_xml(
-        self, key: str, name: str, f: BinaryIO, size: int, progress: Progress | None
+        self, key: str, name: str, f: io.BufferedIOBase, size: int, progress: Progress | None
     ) -> ObjectInfo:
         headers: dict[str, str] = {}
         if self.options.storage_class:
@@ -221,6 +224,7 @@ class GcsBackend(Backend):
                 size,
                 part_size=self.options.xml_part_size_bytes,
                 budget=self._budget,
+                buffers=self._buffers,
                 pool=self._parts,
                 reader=self._reader,
                 headers=headers,

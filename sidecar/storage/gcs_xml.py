@@ -1,11 +1,12 @@
 """GCS XML API multipart upload: parts sent in parallel, for very large files on real GCS.
 
-The calling thread reads the file once, in order, updating the whole-file CRC32C; each
-part goes to one of the backend's part threads with its own CRC32C in ``X-Goog-Hash`` so
-GCS checks every part. A part is read only once it has a slot of the backend-wide
-:class:`~sidecar.storage.budget.Budget`, so the parts of all uploads together stay
-within ``slots * part_size`` bytes of memory. Nothing is visible until the final ``POST``; on any
-failure or :class:`Cancelled` the upload is aborted (``DELETE ?uploadId=``).
+The backend's reading thread reads the file once, in order, into the backend's reused
+part buffers, updating the whole-file CRC32C; each part goes to one of the backend's part
+threads with its own CRC32C in ``X-Goog-Hash`` so GCS checks every part. A part is read
+only once it has a slot of the backend-wide :class:`~sidecar.storage.budget.Budget`, so
+the parts of all uploads together stay within ``slots * part_size`` bytes of memory.
+Nothing is visible until the final ``POST``; on any failure or :class:`Cancelled` the
+upload is aborted (``DELETE ?uploadId=``).
 Neither local emulator speaks this API: it is exercised against real GCS only, and
 tested at the HTTP level.
 """
@@ -13,10 +14,11 @@ tested at the HTTP level.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import io
 import time
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import BinaryIO
+from typing import IO, cast
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -24,7 +26,9 @@ import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
+from sidecar.storage.body import BytesBody
 from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.gcs_errors import CorruptedInTransit, response_message, status_error
 from sidecar.storage.gcs_resumable import TIMEOUT, is_transient_status
@@ -83,13 +87,15 @@ class _Upload:
             )
         self.upload_id = found[0]
 
-    def put_part(self, number: int, data: bytes, crc: str) -> str:
-        """Send one part (retrying transient failures); return its ETag."""
+    def put_part(self, number: int, data: memoryview, crc: str) -> str:
+        """Send one part (retrying transient failures); return its ETag. ``data`` is sent
+        from where it is, in blocks (:class:`BytesBody`), not copied."""
         url = f"{self.url}?partNumber={number}&{self._id_query()}"
         headers = {"X-Goog-Hash": f"crc32c={crc}", "Content-Type": "application/octet-stream"}
         for pause in (*gcs_resumable.RETRY_PAUSES, None):
             try:
-                resp = self.http.put(url, data=data, headers=headers, timeout=TIMEOUT)
+                body = cast("IO[bytes]", BytesBody(data))  # per attempt: from the start
+                resp = self.http.put(url, data=body, headers=headers, timeout=TIMEOUT)
             except requests.exceptions.RequestException:
                 if pause is None:
                     raise TransientError(
@@ -156,11 +162,12 @@ def upload_xml_multipart(
     base_url: str,
     bucket: str,
     name: str,
-    f: BinaryIO,
+    f: io.BufferedIOBase,
     size: int,
     *,
     part_size: int,
     budget: Budget,
+    buffers: PartBuffers,
     pool: cf.Executor,
     reader: cf.Executor,
     headers: dict[str, str],
@@ -169,11 +176,11 @@ def upload_xml_multipart(
     """Upload ``size`` bytes of ``f`` as ``gs://bucket/name``; return the whole-file CRC32C.
 
     Each part in memory holds a ``budget`` slot (the backend's, shared by every upload)
-    from its read until its request is done, and is sent on ``pool`` (the backend's part
-    threads, as many as ``budget`` has slots); every part is read on ``reader`` (the
-    backend's one reading thread, so the C allocator reuses freed part buffers instead of
-    growing an arena per uploading thread). ``headers`` go on the initiating request
-    (``x-goog-storage-class``, ``x-goog-encryption-kms-key-name``). ``progress`` gets each
+    and a buffer of ``buffers`` from its read until its request is done (whatever the
+    outcome), and is sent on ``pool`` (the backend's part threads, as many as ``budget``
+    has slots); every part is read on ``reader`` (the backend's one reading thread).
+    ``headers`` go on the initiating request (``x-goog-storage-class``,
+    ``x-goog-encryption-kms-key-name``). ``progress`` gets each
     part's size once GCS holds it, before the object is assembled. Raises
     :class:`TransientError` if the file shrinks while read, else the mapped
     :class:`StorageError`; in every case the upload is aborted first.
@@ -184,28 +191,32 @@ def upload_xml_multipart(
     etags: dict[int, str] = {}
     offset = number = 0
 
-    def next_part() -> tuple[int, bytes, str] | None:
+    def next_part() -> tuple[int, bytearray, memoryview, str] | None:
         nonlocal offset, number
         if offset >= size:
             return None
         want = min(part_size, size - offset)
-        data = f.read(want)
-        if len(data) != want:
+        buf = buffers.take(want)
+        part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
+        got = read_into(f, memoryview(buf)[:want], part)
+        if got != want:
+            buffers.give(buf)
             raise TransientError(
                 f"GCS multipart upload gs://{bucket}/{name}: the file shrank while it "
-                f"was read ({offset + len(data)} of {size} bytes); it is sent again "
+                f"was read ({offset + got} of {size} bytes); it is sent again "
                 "once stable"
             )
-        part = Crc32c()  # one pass: the part's CRC32C also extends the whole file's
-        part.update(data)
         crc.extend(part.value(), want)
         number += 1
         offset += want
-        return number, data, part.b64()
+        return number, buf, memoryview(buf)[:want], part.b64()
 
-    def send(part: tuple[int, bytes, str]) -> tuple[int, str, int]:
-        n, data, part_crc = part
-        return n, up.put_part(n, data, part_crc), len(data)
+    def send(part: tuple[int, bytearray, memoryview, str]) -> tuple[int, str, int]:
+        n, buf, data, part_crc = part
+        try:
+            return n, up.put_part(n, data, part_crc), len(data)
+        finally:
+            buffers.give(buf)
 
     def on_sent(result: tuple[int, str, int]) -> None:
         n, etag, length = result

@@ -4,6 +4,7 @@ recording look-alike plays GCS and the requests are checked one by one."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import io
 import os
 import re
 import time
@@ -11,13 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Cancelled, ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage.budget import Budget
+from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.gcs import GcsBackend
-from sidecar.storage.gcs_xml import part_size_for
-from tests.servers.gcs import GcsRecorder, gcs_backend
+from sidecar.storage.gcs_xml import part_size_for, upload_xml_multipart
+from tests.servers.gcs import GcsRecorder, Sunk, gcs_backend
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -213,6 +217,43 @@ def test_threshold_decides_the_path(gcs_recorder: GcsRecorder, tmp_path: Path) -
     assert len(gcs_recorder.seen("POST", "uploadType=resumable")) == 2
     below.close()
     auto.close()
+
+
+def test_a_file_shorter_than_its_size_is_transient_and_aborted(gcs_recorder: GcsRecorder) -> None:
+    """The file shrank after its size was taken (the trainer rewrote it): the upload stops
+    with a TransientError, is aborted, and the short part's buffer goes back to the pool."""
+    buffers, budget = PartBuffers(keep=2), Budget(2)
+    with (
+        cf.ThreadPoolExecutor(2) as pool,
+        cf.ThreadPoolExecutor(1) as reader,
+        pytest.raises(TransientError, match="shrank"),
+    ):
+        upload_xml_multipart(
+            requests.Session(), gcs_recorder.url, "b", "run/model.pt",
+            io.BytesIO(os.urandom(PART + 1000)), 2 * PART,
+            part_size=PART, budget=budget, buffers=buffers, pool=pool, reader=reader, headers={},
+        )  # fmt: skip
+    assert len(gcs_recorder.seen("DELETE", "uploadId")) == 1
+    assert gcs_recorder.uploads == {} and gcs_recorder.objects == {}
+    assert buffers.free_count() == 2  # both parts' buffers came back
+
+
+def test_the_sink_look_alike_checks_what_it_does_not_keep(
+    gcs_recorder: GcsRecorder, src: tuple[Path, bytes]
+) -> None:
+    """bench.memory's GCS look-alike (sink mode) keeps no part bytes, yet the object it
+    lists has the file's size and CRC32C, so the backend's own check of the stored object
+    still decides whether the upload counts."""
+    path, data = src
+    gcs_recorder.sink = True
+    backend = _backend(gcs_recorder)
+    info = backend.put_file("big", path)
+    assert gcs_recorder.objects["run/big"] == Sunk(len(data), Sunk.of(data).crc)
+    assert gcs_recorder.resource("run/big")["crc32c"] == crc32c_of_bytes(data) == info.crc32c
+    assert [len(r.body) for r in gcs_recorder.seen("PUT", "partNumber")] == [0, 0, 0, 0]
+    backend.put_bytes("small", b"{}")  # a manifest: kept whole
+    assert gcs_recorder.objects["run/small"] == b"{}"
+    backend.close()
 
 
 def test_part_size_fits_ten_thousand_parts() -> None:
