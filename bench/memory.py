@@ -20,11 +20,16 @@ request (about 2 x the object at its peak); fake-gcs-server appends each request
 hashes the whole content again (6.6 GiB peak RSS for a 1 GiB upload). The ``mixed`` shape
 (objects of at most 64 MiB) fits at 10 GiB on fake-gcs-server, which keeps finished objects
 on disk (under 1 GiB of server RSS); gcp-storage-emulator here keeps them in memory.
+``--gcs-emulator look-alike`` takes 10 GiB (``--gcs-gib 10``): the tests' GCS look-alike,
+keeping no bytes, with the daemon uploading as on real GCS (XML multipart from 1 GiB;
+bench/_common.py ``GCS_LOOK_ALIKE``).
 
     .venv/bin/python -m bench.memory --backends s3,file --shapes one,four
     .venv/bin/python -m bench.memory --backends gcs,azure --shapes one,four
     .venv/bin/python -m bench.memory --backends gcs --shapes mixed --gcs-gib 10 \
         --gcs-emulator fake-gcs-server
+    .venv/bin/python -m bench.memory --backends gcs --shapes one,four --gcs-gib 10 \
+        --gcs-emulator look-alike
 """
 
 from __future__ import annotations
