@@ -317,33 +317,28 @@ def start_fake_gcs_on_disk(data: Path) -> GcsServer:
         "-backend", "filesystem", "-filesystem-root", str(data / "root"),
         "-external-url", url, "-log-level", "warn",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    server = GcsServer("fake-gcs-server", url, proc, log)
-    try:
-        _wait_answers(url + "/storage/v1/b", proc, log, "fake-gcs-server")
-    except BaseException:
-        stop_gcs(server)
-        raise
-    return server
+    return _start_gcs("fake-gcs-server", args, url, log, "/storage/v1/b")
 
 
 def start_gcs_look_alike(data: Path) -> GcsServer:
     """The tests' GCS look-alike in sink mode, in its own process (see GCS_LOOK_ALIKE)."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = data / "gcs-look-alike.log"
     args = [sys.executable, "-m", "tests.servers.gcs", "--sink", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    return _start_gcs(GCS_LOOK_ALIKE, args, url, data / "gcs-look-alike.log", "/storage/v1/b/x")
+
+
+def _start_gcs(name: str, args: list[str], url: str, log: Path, probe: str) -> GcsServer:
+    """Start ``args`` (a GCS server at ``url``) in its own session, logging to ``log``; once
+    ``url + probe`` answers, the server. Raises RuntimeError (the log's tail) if it does not."""
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=_ROOT
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=_ROOT
         )
-    server = GcsServer(GCS_LOOK_ALIKE, url, proc, log)
+    server = GcsServer(name, url, proc, log)
     try:
-        _wait_answers(url + "/storage/v1/b/probe", proc, log, "the GCS look-alike")
+        _wait_answers(url + probe, proc, log, name)
     except BaseException:
         stop_gcs(server)
         raise
