@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument(
         "--deep",
         action="store_true",
-        help="also read back every object before download (restore always "
-        "checks the CRC32C of the bytes it writes)",
+        help="accepted and implied: restore reads every byte and checks its CRC32C "
+        "against the manifest",
     )
     ls = sub.add_parser("list", help="list committed checkpoints")
     _common(ls)

@@ -267,11 +267,14 @@ def _describe(err: ValidationError) -> str:
             lines.append(f"{key}: unknown key; see config.example.yaml for the keys that exist")
             continue
         value = e.get("input")
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if isinstance(value, dict):  # a check of a whole section: its message names the keys
+            lines.append(f"{key}: {msg}")
+            continue
         hidden = any(
             key == s or key.startswith(s + ".") or s.startswith(key + ".") for s in secrets
-        ) or isinstance(value, dict)
+        )
         shown = "***" if hidden else repr(_without_userinfo(value))
-        msg = str(e["msg"]).removeprefix("Value error, ")
         lines.append(f"{key} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 

@@ -128,6 +128,13 @@ def test_every_bad_key_is_reported_at_once() -> None:
     assert "admin.port" in str(e.value) and "log.level" in str(e.value)
 
 
+def test_a_check_of_a_whole_section_names_the_section_not_a_masked_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(yaml_file(tmp_path, "checkpoint:\n  layout: marker\n"))
+    assert "\n  checkpoint: layout 'marker' needs checkpoint.marker" in str(e.value)
+    assert "***" not in str(e.value)  # nothing secret was there to hide
+
+
 def test_bad_value_in_the_file_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"queue\.max_checkpoints"):
         load(yaml_file(tmp_path, "queue:\n  max_checkpoints: -3\n"))
