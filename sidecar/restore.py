@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -22,10 +23,11 @@ from pathlib import Path
 import structlog
 
 from sidecar.catalog import Catalog
+from sidecar.fanout import all_results
 from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
 from sidecar.model import FileState
 from sidecar.state import StateCache
-from sidecar.storage.base import Backend, NotFound, StorageError
+from sidecar.storage.base import Backend, NotFound, ObjectInfo, StorageError
 from sidecar.storage.checksum import crc32c_of_file
 from sidecar.storage.keys import safe_relative
 from sidecar.watch.scan import state_of
@@ -42,6 +44,8 @@ __all__ = [
 
 log = structlog.get_logger("sidecar.restore")
 WORK_PREFIX = ".ckpt-sidecar-restore-"
+#: objects :func:`verify_manifest` checks at once (HEADs, or reads back)
+VERIFY_CONCURRENCY = 16
 
 
 class NothingToRestore(Exception):
@@ -67,15 +71,23 @@ class RestoreResult:
     skipped: tuple[tuple[str, str], ...]  # (checkpoint, reason) tried before this one
 
 
-def _check_object(backend: Backend, f: ManifestFile) -> None:
-    try:
-        info = backend.head(f.key)
-    except NotFound:
-        raise VerifyFailed(f"object {f.key} is missing") from None
+def _check_object(
+    backend: Backend, f: ManifestFile, listed: ObjectInfo | None, *, need_crc: bool
+) -> ObjectInfo:
+    """The store's info of ``f``'s object, checked against the manifest (size, and CRC32C
+    where known): ``listed``, its entry in a listing, unless there is none or ``need_crc``
+    and it has no CRC32C; else a HEAD. Raises :class:`VerifyFailed`."""
+    info = listed
+    if info is None or (need_crc and info.crc32c is None):
+        try:
+            info = backend.head(f.key)
+        except NotFound:
+            raise VerifyFailed(f"object {f.key} is missing") from None
     if info.size != f.size:
         raise VerifyFailed(f"object {f.key} has size {info.size}, manifest says {f.size}")
     if info.crc32c is not None and info.crc32c != f.crc32c:
         raise VerifyFailed(f"object {f.key} has CRC32C {info.crc32c}, manifest says {f.crc32c}")
+    return info
 
 
 def _read_crc(backend: Backend, f: ManifestFile, tmp_dir: Path) -> None:
@@ -93,12 +105,63 @@ def _read_crc(backend: Backend, f: ManifestFile, tmp_dir: Path) -> None:
         )
 
 
-def verify_manifest(backend: Backend, m: Manifest, *, deep: bool, tmp_dir: Path) -> None:
-    """Check every object of ``m``; read the bytes with ``deep`` or where the store has no CRC."""
-    for f in m.files:
-        _check_object(backend, f)
-        if deep or backend.head(f.key).crc32c is None:
+def verify_manifest(
+    backend: Backend,
+    m: Manifest,
+    *,
+    deep: bool,
+    tmp_dir: Path,
+    concurrency: int = VERIFY_CONCURRENCY,
+) -> None:
+    """Check every object of ``m``: present, of the manifest's size and, where the store
+    reports one, of its CRC32C; with ``deep``, or where the store reports none, read back
+    and its bytes' CRC32C compared. Where the store's listings carry CRC32Cs
+    (``Backend.lists_crc32c``), one listing of the checkpoint's keys stands in for a HEAD
+    per object. Up to ``concurrency`` objects are checked at once. Raises
+    :class:`VerifyFailed` naming an object that failed (once every check started has
+    ended), or a :class:`StorageError`."""
+
+    def read_back(f: ManifestFile, info: ObjectInfo) -> None:
+        if deep or info.crc32c is None:
             _read_crc(backend, f, tmp_dir)
+
+    _check_all(backend, m, need_crc=True, then=read_back, concurrency=concurrency)
+
+
+def _check_all(
+    backend: Backend,
+    m: Manifest,
+    *,
+    need_crc: bool,
+    then: Callable[[ManifestFile, ObjectInfo], None] | None = None,
+    concurrency: int = VERIFY_CONCURRENCY,
+) -> None:
+    """:func:`_check_object` for every object of ``m`` (and ``then`` with its info), up to
+    ``concurrency`` at once, after one listing where it stands in for HEADs: always when
+    the CRC32C is not needed (presence and size are in every listing), else where listings
+    carry it. Raises the first :class:`VerifyFailed` (or other error) once all have ended."""
+    listed = _listed(backend, m) if backend.lists_crc32c or not need_crc else {}
+    stop = threading.Event()
+
+    def check(f: ManifestFile) -> None:
+        if stop.is_set():
+            return  # another object failed: its error is the one raised
+        info = _check_object(backend, f, listed.get(f.key), need_crc=need_crc)
+        if then is not None and not stop.is_set():
+            then(f, info)
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency, "verify") as pool:
+        all_results([pool.submit(check, f) for f in m.files], stop)
+
+
+def _listed(backend: Backend, m: Manifest) -> dict[str, ObjectInfo]:
+    """The store's listing of ``m``'s objects, by key (under the keys' common prefix; none
+    when they share none, so that a check never lists the whole destination)."""
+    keys = {f.key for f in m.files}
+    prefix = os.path.commonprefix(sorted(keys))  # noqa: RUF071 - a string prefix, as list takes
+    if not prefix:
+        return {}
+    return {info.key: info for info in backend.list(prefix) if info.key in keys}
 
 
 def _download(
@@ -128,8 +191,7 @@ def _fetch(
     if m.is_dir:
         entry.mkdir(parents=True)
     targets = {f: (entry / safe_relative(f.path) if m.is_dir else entry) for f in m.files}
-    for f in m.files:
-        _check_object(backend, f)
+    _check_all(backend, m, need_crc=False)  # a missing or cut object fails before any download
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         futs = {f: pool.submit(_download, backend, f, targets[f], progress) for f in m.files}
         states = {f: fut.result() for f, fut in futs.items()}

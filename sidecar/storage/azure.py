@@ -84,6 +84,7 @@ class AzureBackend(Backend):
     of ``max_concurrency`` blocks in memory and one pool of as many block threads."""
 
     scheme = "az"
+    lists_crc32c = True
 
     def __init__(
         self, container: ContainerClient, prefix: str, opts: AzureOptions, *, account: str

@@ -91,6 +91,7 @@ class GcsBackend(Backend):
     """A GCS bucket prefix. Thread-safe: one HTTP connection pool shared by all calls."""
 
     scheme = "gs"
+    lists_crc32c = True
 
     def __init__(
         self,

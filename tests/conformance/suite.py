@@ -108,6 +108,22 @@ class BackendConformance:
         sizes = {o.key: o.size for o in backend.list("b/")}
         assert sizes == {"b/5": 3}
 
+    def test_listing_carries_the_crc32c_where_the_backend_says_so(
+        self, backend: Backend, tmp_path: Path
+    ) -> None:
+        """``lists_crc32c`` lets a check of many objects list once instead of a HEAD each
+        (verify, restore): then every listed CRC32C must be what ``head`` reports."""
+        big = tmp_path / "big"
+        big.write_bytes(os.urandom(self.LARGE_SIZE))
+        backend.put_file("crc/big", big)  # in parts where the backend has them
+        backend.put_bytes("crc/small", b"small")
+        listed = {o.key: o.crc32c for o in backend.list("crc/")}
+        assert set(listed) == {"crc/big", "crc/small"}
+        if backend.lists_crc32c:
+            assert listed == {k: backend.head(k).crc32c for k in listed}
+            assert listed["crc/big"] == crc32c_of_file(big)
+            assert listed["crc/small"] == crc32c_of_bytes(b"small")
+
     def test_listing_many(self, backend: Backend) -> None:
         keys = {f"many/{i:04d}" for i in range(1100)}
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

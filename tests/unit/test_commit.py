@@ -41,6 +41,7 @@ class Recording(Backend):
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self.scheme = inner.scheme
+        self.lists_crc32c = inner.lists_crc32c
         self.calls: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
