@@ -114,54 +114,49 @@ def verify_manifest(
     concurrency: int = VERIFY_CONCURRENCY,
 ) -> None:
     """Check every object of ``m``: present, of the manifest's size and, where the store
-    reports one, of its CRC32C; with ``deep``, or where the store reports none, read back
-    and its bytes' CRC32C compared. Where the store's listings carry CRC32Cs
-    (``Backend.lists_crc32c``), one listing of the checkpoint's keys stands in for a HEAD
-    per object. Up to ``concurrency`` objects are checked at once. Raises
-    :class:`VerifyFailed` naming an object that failed (once every check started has
-    ended), or a :class:`StorageError`."""
-
-    def read_back(f: ManifestFile, info: ObjectInfo) -> None:
+    reports one, of its CRC32C (up to ``concurrency`` objects at once; where the store's
+    listings carry CRC32Cs, ``Backend.lists_crc32c``, one listing of a folder checkpoint's
+    keys stands in for a HEAD per object); then, one object at a time (each is written to
+    ``tmp_dir`` and removed), read back with ``deep`` or where the store reports no CRC32C
+    and its bytes' CRC32C compared. Raises :class:`VerifyFailed` naming an object that
+    failed, or a :class:`StorageError`."""
+    infos = _check_all(backend, m, need_crc=True, concurrency=concurrency)
+    for f, info in zip(m.files, infos, strict=True):
         if deep or info.crc32c is None:
             _read_crc(backend, f, tmp_dir)
 
-    _check_all(backend, m, need_crc=True, then=read_back, concurrency=concurrency)
-
 
 def _check_all(
-    backend: Backend,
-    m: Manifest,
-    *,
-    need_crc: bool,
-    then: Callable[[ManifestFile, ObjectInfo], None] | None = None,
-    concurrency: int = VERIFY_CONCURRENCY,
-) -> None:
-    """:func:`_check_object` for every object of ``m`` (and ``then`` with its info), up to
-    ``concurrency`` at once, after one listing where it stands in for HEADs: always when
-    the CRC32C is not needed (presence and size are in every listing), else where listings
-    carry it. Raises the first :class:`VerifyFailed` (or other error) once all have ended."""
+    backend: Backend, m: Manifest, *, need_crc: bool, concurrency: int = VERIFY_CONCURRENCY
+) -> list[ObjectInfo]:
+    """:func:`_check_object` for every object of ``m``, up to ``concurrency`` at once, after
+    one listing where it stands in for HEADs: always when the CRC32C is not needed
+    (presence and size are in every listing), else where listings carry it. Returns the
+    infos in the order of ``m.files``; raises the first :class:`VerifyFailed` (or other
+    error) once every check started has ended."""
     listed = _listed(backend, m) if backend.lists_crc32c or not need_crc else {}
     stop = threading.Event()
 
-    def check(f: ManifestFile) -> None:
+    def check(f: ManifestFile) -> ObjectInfo | None:
         if stop.is_set():
-            return  # another object failed: its error is the one raised
-        info = _check_object(backend, f, listed.get(f.key), need_crc=need_crc)
-        if then is not None and not stop.is_set():
-            then(f, info)
+            return None  # another object failed: its error is the one raised
+        return _check_object(backend, f, listed.get(f.key), need_crc=need_crc)
 
     with concurrent.futures.ThreadPoolExecutor(concurrency, "verify") as pool:
-        all_results([pool.submit(check, f) for f in m.files], stop)
+        infos = all_results([pool.submit(check, f) for f in m.files], stop)
+    return [i for i in infos if i is not None]  # all of them: none failed
 
 
 def _listed(backend: Backend, m: Manifest) -> dict[str, ObjectInfo]:
-    """The store's listing of ``m``'s objects, by key (under the keys' common prefix; none
-    when they share none, so that a check never lists the whole destination)."""
+    """The store's listing of ``m``'s objects, by key: of the folder its keys share (a
+    folder checkpoint's ``name/``); none when they share no folder (a single file: one
+    HEAD is cheaper than listing every key that starts with its name)."""
     keys = {f.key for f in m.files}
-    prefix = os.path.commonprefix(sorted(keys))  # noqa: RUF071 - a string prefix, as list takes
-    if not prefix:
+    shared = os.path.commonprefix(sorted(keys))  # noqa: RUF071 - a string prefix, as list takes
+    folder = shared[: shared.rfind("/") + 1]
+    if not folder:
         return {}
-    return {info.key: info for info in backend.list(prefix) if info.key in keys}
+    return {info.key: info for info in backend.list(folder) if info.key in keys}
 
 
 def _download(

@@ -84,7 +84,6 @@ class AzureBackend(Backend):
     of ``max_concurrency`` blocks in memory and one pool of as many block threads."""
 
     scheme = "az"
-    lists_crc32c = True
 
     def __init__(
         self, container: ContainerClient, prefix: str, opts: AzureOptions, *, account: str
@@ -97,6 +96,8 @@ class AzureBackend(Backend):
         self.allowed_regions: list[str] = []
         self.display_url = f"az://{container.container_name}/{self._prefix}".rstrip("/")
         self._cpk = customer_key(opts)
+        # a listing leaves out the metadata (our CRC32C) of blobs under a customer key
+        self.lists_crc32c = self._cpk is None
         if self._cpk is not None and not container.url.lower().startswith("https://"):
             raise PermanentError("destination.azure.customer_provided_key needs an https endpoint")
         self._scope = opts.encryption_scope

@@ -105,8 +105,9 @@ class Backend(abc.ABC):
 
     #: short name for logs and metrics labels ("file", "s3", ...)
     scheme: str = "base"
-    #: ``list`` reports each object's CRC32C where ``head`` does (GCS, Azure), so a check of
-    #: many objects can list once instead of asking for each; S3's listings carry none
+    #: ``list`` reports each object's CRC32C where ``head`` does (GCS; Azure but for blobs
+    #: under a customer-provided key), so a check of many objects can list once instead of
+    #: asking for each; S3's listings carry none
     lists_crc32c: bool = False
 
     @property

@@ -18,7 +18,7 @@ import io
 import time
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import IO, cast
+from typing import cast
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -26,7 +26,6 @@ import requests
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Progress, StorageError, TransientError
-from sidecar.storage.body import BytesBody
 from sidecar.storage.budget import Budget
 from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import Crc32c
@@ -89,12 +88,14 @@ class _Upload:
 
     def put_part(self, number: int, data: memoryview, crc: str) -> str:
         """Send one part (retrying transient failures); return its ETag. ``data`` is sent
-        from where it is, in blocks (:class:`BytesBody`), not copied."""
+        from where it is, in blocks, not copied (the session's ``BlockwiseAdapter`` wraps
+        it anew for every send, so a request the session sends again itself, as google-auth
+        does after refreshing a token on a 401, carries the whole part again)."""
         url = f"{self.url}?partNumber={number}&{self._id_query()}"
         headers = {"X-Goog-Hash": f"crc32c={crc}", "Content-Type": "application/octet-stream"}
         for pause in (*gcs_resumable.RETRY_PAUSES, None):
             try:
-                body = cast("IO[bytes]", BytesBody(data))  # per attempt: from the start
+                body = cast("bytes", data)  # a memoryview: see BlockwiseAdapter
                 resp = self.http.put(url, data=body, headers=headers, timeout=TIMEOUT)
             except requests.exceptions.RequestException:
                 if pause is None:

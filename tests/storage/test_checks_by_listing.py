@@ -58,7 +58,7 @@ def test_verify_asks_once_per_object_or_lists_once(
     verify_manifest(backend, step_2, deep=False, tmp_dir=tmp_path)
     heads = backend.ops("head")
     if backend.lists_crc32c:  # GCS: the listing carries each object's CRC32C
-        assert backend.ops("list") == [("list", "step_2/shard_")] and heads == []
+        assert backend.ops("list") == [("list", "step_2/")] and heads == []
     else:  # S3: listings carry none, so one HEAD per object, not two
         assert backend.ops("list") == []
         assert sorted(k for _, k in heads) == sorted(f.key for f in step_2.files)
@@ -88,7 +88,7 @@ def test_restore_lists_the_checkpoint_instead_of_asking_for_each_object(
     res = restore(backend, tmp_path / "restored")
     assert res.manifest.name == "step_2"
     assert backend.ops("head") == []
-    assert ("list", "step_2/shard_") in backend.ops("list")
+    assert ("list", "step_2/") in backend.ops("list")
     assert len(backend.ops("get_file")) == FILES
 
 
@@ -102,3 +102,27 @@ def test_restore_passes_over_a_checkpoint_with_a_missing_object_before_downloadi
     assert res.manifest.name == "step_1"
     assert step_2.files[0].key in res.skipped[0][1] and "missing" in res.skipped[0][1]
     assert sorted(k for _, k in backend.ops("get_file")) == sorted(f.key for f in step_1.files)
+
+
+def test_a_single_file_checkpoint_is_asked_for_not_listed(
+    tmp_path: Path, backend: Recording
+) -> None:
+    """Its name is the prefix of every key that starts with it (``step_1`` of ``step_10/``),
+    so one HEAD is cheaper than a listing."""
+    src = tmp_path / "single"
+    src.mkdir()
+    (src / "step_1").write_bytes(os.urandom(2000))
+    (src / "step_10").mkdir()
+    (src / "step_10" / "shard.bin").write_bytes(os.urandom(10))
+    rig = Rig(backend)
+    try:
+        rig.commit(ready(src, "step_10"))
+        rig.commit(ready(src, "step_1"))
+    finally:
+        rig.close()
+    m = manifest_at(backend, manifest_key("step_1", 0))
+    backend.clear()
+    verify_manifest(backend, m, deep=False, tmp_dir=tmp_path)
+    restore(backend, tmp_path / "restored", name="step_1")
+    assert not any(prefix.startswith("step_1") for _, prefix in backend.ops("list"))
+    assert [k for _, k in backend.ops("head")] == ["step_1", "step_1"]

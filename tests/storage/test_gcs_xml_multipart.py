@@ -9,13 +9,17 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import requests
+from google.auth.transport.requests import AuthorizedSession
+from google.oauth2.credentials import Credentials
 
 from sidecar.storage import gcs_resumable
 from sidecar.storage.base import Cancelled, ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage.blockwise import BlockwiseAdapter
 from sidecar.storage.budget import Budget
 from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import crc32c_of_bytes
@@ -219,23 +223,65 @@ def test_threshold_decides_the_path(gcs_recorder: GcsRecorder, tmp_path: Path) -
     auto.close()
 
 
+class _CountedBuffers(PartBuffers):
+    """Part buffers that count what was taken and given back."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(keep)
+        self.taken = self.given = 0
+
+    def take(self, size: int) -> bytearray:
+        self.taken += 1
+        return super().take(size)
+
+    def give(self, buf: bytearray) -> None:
+        self.given += 1
+        super().give(buf)
+
+
+def _upload(
+    http: requests.Session, recorder: GcsRecorder, f: io.BytesIO, size: int, buffers: PartBuffers
+) -> str:
+    with cf.ThreadPoolExecutor(2) as pool, cf.ThreadPoolExecutor(1) as reader:
+        return upload_xml_multipart(
+            http, recorder.url, "b", "run/model.pt", f, size,
+            part_size=PART, budget=Budget(2), buffers=buffers, pool=pool, reader=reader,
+            headers={},
+        )  # fmt: skip
+
+
 def test_a_file_shorter_than_its_size_is_transient_and_aborted(gcs_recorder: GcsRecorder) -> None:
     """The file shrank after its size was taken (the trainer rewrote it): the upload stops
-    with a TransientError, is aborted, and the short part's buffer goes back to the pool."""
-    buffers, budget = PartBuffers(keep=2), Budget(2)
-    with (
-        cf.ThreadPoolExecutor(2) as pool,
-        cf.ThreadPoolExecutor(1) as reader,
-        pytest.raises(TransientError, match="shrank"),
-    ):
-        upload_xml_multipart(
-            requests.Session(), gcs_recorder.url, "b", "run/model.pt",
-            io.BytesIO(os.urandom(PART + 1000)), 2 * PART,
-            part_size=PART, budget=budget, buffers=buffers, pool=pool, reader=reader, headers={},
-        )  # fmt: skip
+    with a TransientError, is aborted, and every part's buffer goes back to the pool."""
+    buffers = _CountedBuffers(keep=2)
+    with pytest.raises(TransientError, match="shrank"):
+        _upload(requests.Session(), gcs_recorder, io.BytesIO(os.urandom(PART + 1000)), 2 * PART,
+                buffers)  # fmt: skip
     assert len(gcs_recorder.seen("DELETE", "uploadId")) == 1
     assert gcs_recorder.uploads == {} and gcs_recorder.objects == {}
-    assert buffers.free_count() == 2  # both parts' buffers came back
+    assert buffers.taken == buffers.given == 2  # the sent part's and the short one's
+
+
+def test_a_part_sent_again_after_a_token_refresh_carries_all_its_bytes(
+    gcs_recorder: GcsRecorder,
+) -> None:
+    """google-auth's session answers a 401 by refreshing the token and sending the same
+    request again itself: the part must go up whole the second time too."""
+    tokens = iter(["second", "third"])
+    creds = Credentials(  # type: ignore[no-untyped-call]
+        "first",
+        refresh_handler=lambda request, scopes: (next(tokens), datetime.now(UTC).replace(
+            tzinfo=None) + timedelta(hours=1)),
+    )  # fmt: skip
+    http = AuthorizedSession(creds)  # type: ignore[no-untyped-call]
+    http.mount("http://", BlockwiseAdapter())
+    gcs_recorder.fail("PUT", "partNumber=1&", 401, body='{"error": {"code": 401}}')
+    data = os.urandom(PART + 1000)
+    crc = _upload(http, gcs_recorder, io.BytesIO(data), len(data), _CountedBuffers(keep=2))
+    first = [r for r in gcs_recorder.seen("PUT", "partNumber=1&")]
+    assert [r.headers["authorization"] for r in first] == ["Bearer first", "Bearer second"]
+    assert len(first[1].body) == PART and first[1].headers["content-length"] == str(PART)
+    assert gcs_recorder.objects["run/model.pt"] == data and crc == crc32c_of_bytes(data)
 
 
 def test_the_sink_look_alike_checks_what_it_does_not_keep(
