@@ -174,7 +174,7 @@ def _list(args: argparse.Namespace, backend: Backend) -> int:
 
 def _verify(args: argparse.Namespace, backend: Backend) -> int:
     from sidecar.catalog import Catalog
-    from sidecar.restore import VerifyFailed, verify_manifest
+    from sidecar.checks import VerifyFailed, verify_manifest
 
     if not args.all and not args.name:
         _err("verify needs a checkpoint NAME or --all")

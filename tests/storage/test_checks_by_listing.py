@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.checks import VerifyFailed, verify_manifest
 from sidecar.manifest import Manifest, manifest_key
-from sidecar.restore import VerifyFailed, restore, verify_manifest
+from sidecar.restore import restore
 from sidecar.storage.base import Backend
 from tests.conformance.test_s3 import s3_backend
 from tests.servers.gcs import GcsServer, gcs_backend

@@ -17,11 +17,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.catalog import Catalog
+from sidecar.checks import VerifyFailed, verify_manifest
 from sidecar.commit import Committer, Outcome
 from sidecar.manifest import LATEST_KEY, Manifest, manifest_key, parse
 from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
-from sidecar.restore import VerifyFailed, verify_manifest
 from sidecar.retention import Retention
 from sidecar.state import StateCache
 from sidecar.storage.base import Backend, ObjectInfo, Progress
