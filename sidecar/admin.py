@@ -1,9 +1,13 @@
 """The admin listener: /metrics /healthz /readyz /v1/status, POST /v1/flush /v1/drain.
 
 GET endpoints answer anyone who can reach the port. POST endpoints are accepted only from
-a loopback peer or with ``Authorization: Bearer <admin.token>`` (constant-time compare);
-anything else gets 403 and a log line. Unknown paths 404, wrong methods 405, bodies over
-64 KiB 413. Runs on its own threads; never blocks the upload path.
+the loopback peer 127.0.0.1 or ::1 (not the rest of 127.0.0.0/8: a service mesh's proxy
+hands remote callers in from 127.0.0.6) or with ``Authorization: Bearer <admin.token>``
+(constant-time compare); anything else gets 403 and a log line. Unknown paths 404, wrong
+methods 405, bodies over 64 KiB 413, a Content-Length that is not a whole number 400.
+Runs on its own threads, at most ``MAX_CONNECTIONS`` at once (a connection beyond them is
+closed unanswered), each dropped after ``IDLE_SECONDS`` without a byte: however many
+callers connect, the daemon's own threads are never crowded out.
 """
 
 from __future__ import annotations
@@ -33,6 +37,23 @@ log = structlog.get_logger("sidecar.admin")
 _MAX_BODY = 64 * 1024
 _GET = {"/metrics", "/healthz", "/readyz", "/v1/status"}
 _POST = {"/v1/flush", "/v1/drain"}
+#: handler threads at once; connections beyond them are closed at once
+MAX_CONNECTIONS = 32
+#: a connection that sends nothing for this long is closed (slow or idle callers)
+IDLE_SECONDS = 10.0
+_LOCAL_PEERS = {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+
+
+def is_local_peer(address: str) -> bool:
+    """True only for 127.0.0.1 and ::1 (also as ``::ffff:127.0.0.1``); any other address,
+    loopback range or not, needs the token."""
+    try:
+        peer = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    return peer in _LOCAL_PEERS
 
 
 def status_of(d: Daemon) -> dict[str, Any]:
@@ -64,6 +85,7 @@ def status_of(d: Daemon) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_SECONDS
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet; we log ourselves
         return
@@ -103,8 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def _allowed(self) -> bool:
-        peer = ipaddress.ip_address(self.client_address[0])
-        if peer.is_loopback:
+        if is_local_peer(str(self.client_address[0])):
             return True
         token = self.server.token
         given = self.headers.get("Authorization", "")
@@ -120,7 +141,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in _POST:
             self._json(404, {"error": "not found"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        raw = (self.headers.get("Content-Length") or "0").strip()
+        if not raw.isdigit():  # a negative length would read until the caller hangs up
+            self.close_connection = True
+            self._json(400, {"error": "Content-Length must be a whole number of bytes"})
+            return
+        length = int(raw)
         if length > _MAX_BODY:
             self._json(413, {"error": "body too large"})
             return
@@ -156,9 +182,28 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, addr: tuple[str, int], daemon: Daemon, token: str | None) -> None:
+        if ":" in addr[0]:  # an IPv6 address such as "::" or "::1"
+            self.address_family = socket.AF_INET6
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(addr, _Handler)
         self.sidecar = daemon
         self.token = token
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 #: the serving thread sleeps until a connection comes; stop() makes one to end the wait
