@@ -127,6 +127,7 @@ class Daemon:
             poll_mode=self.mode == "poll",
             on_symlink=self._on_symlink,
             on_skip=self._on_skip,
+            on_unreadable=lambda path, why: self._warn_once("watch.unreadable", str(path), why),
         )
         self.watcher = Watcher(
             tracker,

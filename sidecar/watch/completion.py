@@ -22,6 +22,7 @@ Hidden and temporary top-level names are ignored; other files are tracked one by
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class CompletionTracker:
         wall: Callable[[], float] = time.time,
         on_symlink: Callable[[Path], None] | None = None,
         on_skip: Callable[[Path, str], None] | None = None,
+        on_unreadable: Callable[[Path, str], None] | None = None,
         open_hold_seconds: float | None = None,
     ) -> None:
         self.root = root
@@ -93,6 +95,7 @@ class CompletionTracker:
         self.wall = wall
         self.on_symlink = on_symlink
         self.on_skip = on_skip
+        self.on_unreadable = on_unreadable
         self.entries: dict[str, _Entry] = {}
         self.handles = OpenHandles()
 
@@ -118,6 +121,9 @@ class CompletionTracker:
         if len(parts) > 1:
             is_dir = True
         if self.layout.matches(top, is_dir):
+            if "@" in top:  # the store's keys use "<name>@g<N>" for generations
+                self._skip(self.root / top, "a checkpoint name may not contain '@'; rename it")
+                return None
             return top, EntryKind.CHECKPOINT
         if any(p.startswith(".") or is_temporary(p) for p in parts):
             return None
@@ -193,6 +199,15 @@ class CompletionTracker:
         if self.on_skip is not None:
             self.on_skip(path, reason)
 
+    def _unreadable(self, path: Path, what: str) -> None:
+        if self.on_unreadable is not None:
+            self.on_unreadable(
+                path,
+                f"{what} is not readable by the sidecar's user (uid {os.getuid()}), so "
+                "its entry is not uploaded; give the trainer and the sidecar a shared group "
+                "(Kubernetes fsGroup) or move it out of the watch folder",
+            )
+
     def _pointer_target(self) -> None:
         assert self.layout.pointer_file
         try:
@@ -203,7 +218,11 @@ class CompletionTracker:
             self._entry(target, EntryKind.CHECKPOINT).dirty = True
 
     def rescan_other_dir(self, folder: Path) -> None:
-        snap = scan_entry(folder, self.on_symlink) or {}
+        try:
+            snap = scan_entry(folder, self.on_symlink) or {}
+        except PermissionError as err:
+            self._unreadable(Path(err.filename or folder), "this folder")
+            return
         base = folder.relative_to(self.root).as_posix()
         for rel in snap:
             found = self.key_of(self.root / base / rel)
@@ -262,7 +281,12 @@ class CompletionTracker:
                 del self.entries[key]
                 continue
             e.last_scan = now
-            snap = scan_entry(self.root / key, self.on_symlink)
+            try:
+                snap = scan_entry(self.root / key, self.on_symlink)
+            except PermissionError as err:  # e.g. a root-owned lost+found: skip, keep watching
+                self._unreadable(Path(err.filename or self.root / key), "this folder")
+                e.dirty = self.poll_mode
+                continue
             if snap is None or (e.kind is EntryKind.OTHER and not snap):
                 del self.entries[key]
                 continue
@@ -296,6 +320,14 @@ class CompletionTracker:
         )
         if bad is not None:
             self._skip(self.root / key / bad[0], f"{bad[1]}; the checkpoint waits for it")
+            return None
+        base = self.root / key
+        locked = next(
+            (r for r in snap if not os.access(base / r if is_dir else base, os.R_OK)), None
+        )
+        if locked is not None:  # uploading it could only fail, again and again
+            self._unreadable(base / locked if is_dir else base, "this file")
+            e.dirty = self.poll_mode
             return None
         if e.kind is EntryKind.CHECKPOINT:
             if not self.layout.complete(key, is_dir, snap, self.root):

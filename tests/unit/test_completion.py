@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from sidecar.model import CheckpointReady, EntryKind
@@ -565,3 +567,70 @@ def test_late_close_of_deleted_file_does_not_release_new_writer(tmp_path: Path) 
         t.event(p, "closed")  # the old, deleted file's close, reported under its name
         clock.advance(0.2)
         assert t.tick() == [], "the new last.ckpt is still open for writing"
+
+
+def _deny(monkeypatch: pytest.MonkeyPatch, denied: Path) -> None:
+    """As for a sidecar that is not root: ``denied`` (a folder) cannot be listed, or (a
+    file) cannot be read. The tests run as root, which the modes do not stop."""
+    scandir, access = os.scandir, os.access
+
+    def guarded_scandir(path: Any = ".") -> Any:
+        if Path(path) == denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    def guarded_access(path: Any, mode: int, **kw: Any) -> bool:
+        return Path(path) != denied and access(path, mode, **kw)
+
+    monkeypatch.setattr(os, "scandir", guarded_scandir)
+    monkeypatch.setattr(os, "access", guarded_access)
+
+
+def test_an_unreadable_folder_is_skipped_and_the_rest_still_handed_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("lost+found", "step_1", "logs"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "step_1" / "w.pt").write_bytes(b"w")
+    (tmp_path / "logs" / "run.log").write_bytes(b"l")
+    _deny(monkeypatch, tmp_path / "lost+found")  # root-owned, mode 0700 on ext4
+    clock, told = Clock(), []
+    t = tracker(tmp_path, clock)
+    t.on_unreadable = lambda path, why: told.append((path, why))
+    t.rescan_all()
+    got = run_for(t, clock, SETTLE + 0.3)
+    assert sorted(names(got)) == ["logs/run.log", "step_1"]
+    assert told and told[0][0] == tmp_path / "lost+found" and "fsGroup" in told[0][1]
+
+
+def test_a_checkpoint_with_an_unreadable_file_is_not_handed_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "step_2").mkdir()
+    (tmp_path / "step_2" / "a.pt").write_bytes(b"a")
+    (tmp_path / "step_2" / "b.pt").write_bytes(b"b")
+    (tmp_path / "step_3.pt").write_bytes(b"3")
+    _deny(monkeypatch, tmp_path / "step_2" / "b.pt")
+    clock, told = Clock(), []
+    t = tracker(tmp_path, clock)
+    t.on_unreadable = lambda path, why: told.append((path, why))
+    t.rescan_all()
+    assert names(run_for(t, clock, 3 * SETTLE)) == ["step_3.pt"]
+    assert [p for p, _ in told] == [tmp_path / "step_2" / "b.pt"]
+    assert t.next_deadline() is None, "it would be scanned again and again"
+
+
+def test_checkpoint_names_the_store_could_not_hold_are_skipped_with_a_reason(
+    tmp_path: Path,
+) -> None:
+    for name in ("step_1@g1.pt", "step\x1b[2J_2.pt", "step_3.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    clock, skipped = Clock(), []
+    t = tracker(tmp_path, clock)
+    t.on_skip = lambda path, why: skipped.append((path.name, why))
+    t.rescan_all()
+    assert names(run_for(t, clock, SETTLE + 0.3)) == ["step_3.pt"]
+    assert dict(skipped) == {
+        "step_1@g1.pt": "a checkpoint name may not contain '@'; rename it",
+        "step\x1b[2J_2.pt": "the name contains a control character; rename it",
+    }
