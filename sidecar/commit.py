@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import structlog
@@ -53,6 +54,23 @@ class Outcome(enum.Enum):
     COMMITTED = "committed"
     ALREADY = "already_committed"
     OUTRANKED = "outranked"
+
+
+class _Unreadable:
+    """A manifest that is there but does not parse."""
+
+
+UNREADABLE = _Unreadable()
+
+
+def _written_after(item: CheckpointReady, manifest: Manifest) -> bool:
+    """True when a file of ``item`` was modified after ``manifest`` was committed (or the
+    commit time cannot be read: then nothing is assumed covered)."""
+    try:
+        committed = datetime.fromisoformat(manifest.committed_at).timestamp()
+    except ValueError:
+        return True
+    return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
 
 
 class Committer:
@@ -123,6 +141,39 @@ class Committer:
         log.info("checkpoint.already_committed", checkpoint=item.name, generation=generation)
         return Outcome.ALREADY
 
+    def _outranked(self, item: CheckpointReady, manifests: list[Manifest]) -> Outcome:
+        """Not uploaded. An old local copy (no file written after the newest commit, e.g.
+        found again after a restart) is covered by the newer durable checkpoints. One the
+        trainer wrote after them (a new run in an old destination, a name without a step)
+        is not durable: it stays unprotected, so the gauge and a drain say so."""
+        newest = max(manifests, key=Manifest.order)
+        if not _written_after(item, newest):
+            if self.on_committed is not None:
+                self.on_committed(item)
+            log.info(
+                "checkpoint.outranked",
+                checkpoint=item.name,
+                step=item.step,
+                keep_last=self.retention.keep_last,
+                action="not uploaded: retention keeps newer checkpoints",
+            )
+            return Outcome.OUTRANKED
+        log.warning(
+            "checkpoint.outranked",
+            checkpoint=item.name,
+            step=item.step,
+            newest=newest.name,
+            newest_step=newest.step,
+            keep_last=self.retention.keep_last,
+            action="not uploaded and not durable",
+            reason=f"written after {newest.name} was committed, yet {self.retention.keep_last} "
+            "committed checkpoints have a higher step (retention and restore order by step; "
+            "a name without a step sorts below every step), so retention would delete it at once",
+            fix="give each run its own destination prefix, or put the step in the "
+            "checkpoint's name (checkpoint.step_regex)",
+        )
+        return Outcome.OUTRANKED
+
     def _conflict(self, item: CheckpointReady, generation: int, manifest: str) -> None:
         self.metrics.conflicts.inc()
         log.warning(
@@ -137,24 +188,21 @@ class Committer:
         prev = self.catalog.latest_for(item.name)
         if prev is not None and self.matches(item, prev):
             return self._already(item, prev.generation)
-        if self.retention.outranked(item.step, self.catalog.all()):
+        manifests = self.catalog.all()
+        if self.retention.outranked(item.step, manifests):
             # Retention would delete it right after its commit: do not upload it at all.
-            if self.on_committed is not None:
-                self.on_committed(item)
-            log.info(
-                "checkpoint.outranked",
-                checkpoint=item.name,
-                step=item.step,
-                keep_last=self.retention.keep_last,
-                action="not uploaded: retention keeps newer checkpoints",
-            )
-            return Outcome.OUTRANKED
+            return self._outranked(item, manifests)
         generation = 0 if prev is None else prev.generation + 1
         for _ in range(_MAX_CONFLICTS):
             # A manifest our catalog did not know (another writer, a stale view): its objects
             # are committed and immutable, so never upload over them; compare instead.
-            existing = self._fetch_existing(manifest_key(item.name, generation))
-            if existing is not None:
+            key = manifest_key(item.name, generation)
+            existing = self._fetch_existing(key)
+            if existing is UNREADABLE:  # it may name objects under this generation's keys
+                self._conflict(item, generation, key)
+                generation += 1
+                continue
+            if isinstance(existing, Manifest):
                 self.catalog.add(existing)
                 if self.matches(item, existing):
                     return self._already(item, generation)
@@ -245,25 +293,30 @@ class Committer:
         self._after_commit(item, manifest, results_copied=sum(r.copied for r in results))
         return Outcome.COMMITTED
 
-    def _fetch_existing(self, key: str) -> Manifest | None:
-        """The manifest at ``key``, or None if absent or unreadable; a store that fails is
-        retried per the backoff (each retry counted and logged), then its error raised."""
+    def _fetch_existing(self, key: str) -> Manifest | _Unreadable | None:
+        """The manifest at ``key``; None if absent; ``UNREADABLE`` if it is there but does
+        not parse (damaged, or a newer format), so its objects are never written over. A
+        store that fails is retried per the backoff (each retry counted and logged), then
+        its error raised."""
         return retry(
-            lambda: self._read_existing(key, quiet=True),
+            lambda: self._probe(key),
             self.backoff,
             on_retry=lambda n, e, d: self.pool.note_retry("read_manifest", key, n, e, d),
             wait=self.stop.wait,
         )
 
-    def _read_existing(self, key: str, *, quiet: bool = False) -> Manifest | None:
+    def _probe(self, key: str) -> Manifest | _Unreadable | None:
         try:
             return parse(self.backend.get_bytes(key), where=key)
         except NotFound:
             return None
         except ManifestError as e:
-            if not quiet:
-                log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
-            return None
+            log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
+            return UNREADABLE
+
+    def _read_existing(self, key: str) -> Manifest | None:
+        found = self._probe(key)
+        return found if isinstance(found, Manifest) else None
 
     def _after_commit(self, item: CheckpointReady, m: Manifest, results_copied: int) -> None:
         if self.on_committed is not None:

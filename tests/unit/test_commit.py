@@ -7,6 +7,7 @@ and pool tests.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -407,3 +408,62 @@ def test_conflict_never_overwrites_objects_of_the_existing_manifest(
         verify_manifest(backend, g0, deep=True, tmp_dir=tmp_path)
     except VerifyFailed as e:
         pytest.fail(f"a committed checkpoint was damaged: {e}")
+
+
+def _outrank_rig(tmp_path: Path, backend: Recording, rigs: list[Rig]) -> tuple[Rig, list[str]]:
+    """keep_last 2 with steps 500 and 400 committed; the names reported durable."""
+    for n in ("ckpt_500.pt", "ckpt_400.pt"):
+        (tmp_path / n).write_bytes(n.encode())
+    rig = new_rig(rigs, backend, keep_last=2)
+    durable: list[str] = []
+    rig.committer.on_committed = lambda item: durable.append(item.name)
+    for n in ("ckpt_500.pt", "ckpt_400.pt"):
+        assert rig.commit(ready(tmp_path, n)) is Outcome.COMMITTED
+    durable.clear()
+    return rig, durable
+
+
+@pytest.mark.parametrize("name", ["ckpt_20.pt", "emergency.pt"])
+def test_an_outranked_checkpoint_written_after_the_newest_commit_is_not_reported_durable(
+    tmp_path: Path, backend: Recording, rigs: list[Rig], name: str
+) -> None:
+    rig, durable = _outrank_rig(tmp_path, backend, rigs)
+    (tmp_path / name).write_bytes(b"written by this run, after the commits")
+    with capture_logs() as logs:
+        assert rig.commit(ready(tmp_path, name)) is Outcome.OUTRANKED
+    assert durable == [], "reported durable though nothing was uploaded"
+    warn = [e for e in logs if e["event"] == "checkpoint.outranked"]
+    assert warn and warn[0]["log_level"] == "warning" and "prefix" in warn[0]["fix"]
+    assert not [k for _, k in backend.ops("put_file") if name in k]
+
+
+def test_an_old_local_copy_outranked_by_newer_commits_is_covered_by_them(
+    tmp_path: Path, backend: Recording, rigs: list[Rig]
+) -> None:
+    old = tmp_path / "ckpt_20.pt"
+    old.write_bytes(b"an old local checkpoint, found again after a restart")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    rig, durable = _outrank_rig(tmp_path, backend, rigs)
+    with capture_logs() as logs:
+        assert rig.commit(ready(tmp_path, "ckpt_20.pt")) is Outcome.OUTRANKED
+    assert durable == ["ckpt_20.pt"]
+    assert [e["log_level"] for e in logs if e["event"] == "checkpoint.outranked"] == ["info"]
+
+
+def test_a_manifest_that_does_not_parse_is_never_written_over(
+    tmp_path: Path, backend: Recording, rigs: list[Rig]
+) -> None:
+    """Damaged or of a newer format, it may name objects under its generation's keys."""
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "w.pt").write_bytes(b"mine")
+    theirs = tmp_path / "theirs.pt"
+    theirs.write_bytes(b"named by the unreadable manifest")
+    backend.put_file("step_1/w.pt", theirs)
+    backend.put_bytes(manifest_key("step_1", 0), b'{"format": 99}')
+    rig = new_rig(rigs, backend)
+    with capture_logs() as logs:
+        assert rig.commit(ready(tmp_path, "step_1")) is Outcome.COMMITTED
+    assert obj(backend, "step_1/w.pt", tmp_path) == b"named by the unreadable manifest"
+    m = manifest_at(backend, manifest_key("step_1", 1))
+    assert [f.key for f in m.files] == ["step_1@g1/w.pt"]
+    assert any(e["event"] == "checkpoint.manifest_conflict" for e in logs)
