@@ -115,6 +115,8 @@ def _safe(value: str, where: str) -> str:
         raise ManifestError(f"{where}: {e}") from None
     except UnicodeEncodeError:
         raise ManifestError(f"{where}: {value!r} is not valid Unicode text") from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):  # printed by list and restore
+        raise ManifestError(f"{where}: {value!r} contains a control character")
     return value
 
 
@@ -141,6 +143,8 @@ def parse(data: bytes, where: str = "manifest") -> Manifest:
     name = _safe(_field(d, "name", str, where), where)
     if "/" in name or "@" in name:
         raise ManifestError(f"{where}: entry name {name!r} must be one path component")
+    if name.startswith("."):  # never a checkpoint: the daemon's own files start with "."
+        raise ManifestError(f"{where}: entry name {name!r} starts with '.'")
     step = d.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ManifestError(f"{where}: field 'step' must be a non-negative integer or null")

@@ -109,7 +109,20 @@ def test_same_content_ignores_times_and_sequence_but_not_bytes() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["..", "../x", "a/../../b", "/etc/passwd", "a\x00b", "a\\..\\b", "", "./a", "a//b", "a/."],
+    [
+        "..",
+        "../x",
+        "a/../../b",
+        "/etc/passwd",
+        "a\x00b",
+        "a\\..\\b",
+        "",
+        "./a",
+        "a//b",
+        "a/.",
+        "a/\x1b[2Jb",
+        "a\tb",
+    ],
 )
 @pytest.mark.parametrize("field", ["path", "key"])
 def test_unsafe_file_paths_and_keys_are_refused(bad: str, field: str) -> None:
@@ -117,7 +130,21 @@ def test_unsafe_file_paths_and_keys_are_refused(bad: str, field: str) -> None:
         parse(raw(file_doc(**{field: bad})), where="m.json")
 
 
-@pytest.mark.parametrize("bad", ["..", "/abs", "a/b", "x@g1", "a\x00", ""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "..",
+        "/abs",
+        "a/b",
+        "x@g1",
+        "a\x00",
+        "",
+        ".ckpt-sidecar-notice.json",  # restored, it would tell the trainer to stop
+        ".ckpt-sidecar-state",
+        "step_1\x1b]0;owned\x07",  # list and restore print names to a terminal
+        "step\n2",
+    ],
+)
 def test_unsafe_or_compound_entry_names_are_refused(bad: str) -> None:
     with pytest.raises(ManifestError):
         parse(raw(doc(name=bad)))
