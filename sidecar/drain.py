@@ -1,11 +1,12 @@
 """The drain: on a notice, tell the trainer, put the newest checkpoint first, lift caps,
 wait until it is durable or the deadline passes, and report the outcome.
 
-Guarantees: one notice is handled once (by event id); only checkpoints not yet started are
-superseded, and a started one is cancelled only when it is not the one the drain chose;
-``exit_code`` is 0 when the newest complete checkpoint is durable at the end, 4 otherwise;
-also 4 when start-up never reached the store and the watch folder holds checkpoints (none of
-them is known durable).
+Guarantees: one notice is handled once (by event id); a drain lasts until its deadline,
+and a notice after that starts a new one (the trainer is told again); only checkpoints not
+yet started are superseded, and a started one is cancelled only when it is not the one the
+drain chose; ``exit_code`` is 0 when the newest complete checkpoint is durable at the end,
+4 otherwise; also 4 when start-up never reached the store and the watch folder holds
+checkpoints (none of them is known durable).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sidecar.atomic_write import write_atomically
 from sidecar.client import NOTICE_FILE  # one name, shared with the trainer's side
 from sidecar.manifest import rfc3339
 from sidecar.model import CheckpointReady, EntryKind, Notice
@@ -47,13 +49,20 @@ def clear_stale_notice(root: Path) -> None:
 class DrainController:
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
-        self.state = "running"
         self.notice: Notice | None = None
         self.exit_code = 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition()
         self.outcome: dict[str, Any] | None = None
+
+    @property
+    def state(self) -> str:
+        """``draining`` from a notice until its deadline, else ``running``: a drain whose
+        deadline passed while the daemon still runs (SIGUSR1, ``POST /v1/drain``, a notice
+        the cloud did not act on) is over, and the next notice starts a new one."""
+        n = self.notice
+        return "draining" if n is not None and time.monotonic() < n.deadline_mono else "running"
 
     def notice_json(self) -> dict[str, str] | None:
         n = self.notice
@@ -69,13 +78,8 @@ class DrainController:
     def _tell_trainer(self) -> None:
         root = self.d.cfg.watch.path
         data = json.dumps(self.notice_json()).encode()
-        tmp = root / f"{NOTICE_FILE}.ckpt-sidecar-tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, root / NOTICE_FILE)
+            write_atomically(root, NOTICE_FILE, data)
         except OSError as e:
             log.error("drain.notice_file_failed", path=str(root / NOTICE_FILE), error=str(e))
         cfg = self.d.cfg.preemption
@@ -98,9 +102,8 @@ class DrainController:
                 self.d.limiter.lift()
                 return
             first = self.state == "running"
-            if self.notice is None or notice.deadline_mono < self.notice.deadline_mono:
+            if first or self.notice is None or notice.deadline_mono < self.notice.deadline_mono:
                 self.notice = notice
-            self.state = "draining"
         if first:
             self._tell_trainer()  # first: the trainer's emergency checkpoint is the priority
         log.warning(

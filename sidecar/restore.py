@@ -23,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+from sidecar.atomic_write import write_atomically
 from sidecar.catalog import Catalog
 from sidecar.checks import VerifyFailed, check_all
 from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
@@ -130,9 +131,7 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
         log.info("restore.moved_aside", path=str(final), to=str(aside))
     os.replace(work / m.name, final)
     if pointer:
-        tmp = target / f".{pointer}.ckpt-sidecar-tmp"
-        tmp.write_text(m.name + "\n", encoding="utf-8")
-        os.replace(tmp, target / pointer)
+        write_atomically(target, pointer, f"{m.name}\n".encode())
     return final
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import structlog
 
+from sidecar.atomic_write import write_atomically
 from sidecar.model import FileState
 
 __all__ = ["StateCache"]
@@ -70,11 +71,6 @@ class StateCache:
             self._dirty = False
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / f".{_FILE}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.folder / _FILE)
+            write_atomically(self.folder, _FILE, payload.encode("utf-8"))
         except OSError as e:
             log.warning("state.save_failed", folder=str(self.folder), error=str(e))

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.e2e.harness import Daemon, assert_invariant, checkpoint_is, write_atomic
+from tests.e2e.harness import Daemon, admin_get, assert_invariant, checkpoint_is, write_atomic
 
 if TYPE_CHECKING:
     from tests.servers.metadata_aws import FakeAwsMetadata
@@ -51,6 +52,34 @@ def test_sigusr1_drains_and_keeps_running(dirs: tuple[Path, Path], daemons: list
     d.wait_for("checkpoint.committed", where=checkpoint_is("emergency_7.pt"))
     assert d.proc.poll() is None
     assert d.terminate() == 0
+
+
+def test_a_drain_ends_at_its_deadline_and_a_later_notice_drains_anew(
+    dirs: tuple[Path, Path], daemons: list[Daemon]
+) -> None:
+    """Slurm's ``--signal=B:USR1@120`` then SIGTERM at the end: the second notice must get
+    its own deadline and wait for the checkpoint written in between."""
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}", env={"CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS": "3"})
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    d.proc.send_signal(signal.SIGUSR1)
+    d.wait_for("drain.done")
+    state, tick = "", threading.Event()
+    for _ in range(150):  # the deadline passing is a matter of time: there is no event
+        state = json.loads(admin_get(d.admin_port, "/v1/status")[1])["state"]
+        if state == "running":
+            break
+        tick.wait(0.1)
+    assert state == "running", "still draining after the drain's deadline"
+    write_atomic(watch / "step_5.pt", os.urandom(500_000))
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=30) == 0
+    started = d.wait_for("drain.started", where=lambda e: e["kind"] == "terminate")
+    assert _notice_file(watch)["deadline"] == started["deadline"], "the trainer was not told"
+    done = d.named("drain.done")[-1]
+    assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_5.pt"
+    assert {m.name for m in assert_invariant(remote)} == {"step_5.pt"}
 
 
 def test_drain_command_and_trigger_file(

@@ -1,0 +1,33 @@
+"""Small files written in place atomically, in folders other processes can write to.
+
+``write_atomically(folder, name, data)`` leaves ``folder/name`` holding either its old
+content or all of ``data``, fsynced. The temporary file has a fresh random name and is
+created exclusively (``O_EXCL`` never follows a symlink), so a link planted in the folder
+cannot make the daemon write anywhere else; the rename replaces a link at ``name`` itself,
+not its target. Raises ``OSError``; the temporary file is removed on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["write_atomically"]
+
+
+def write_atomically(folder: Path, name: str, data: bytes) -> None:
+    tmp = folder / f".{name}.{secrets.token_hex(8)}.ckpt-sidecar-tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o666)  # the umask applies, as for open(): others may read it
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
