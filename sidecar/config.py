@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -132,6 +135,39 @@ class PreemptionConfig(_Section):
     gcp: GcpMetadataOptions = Field(default_factory=GcpMetadataOptions)
     azure: AzureMetadataOptions = Field(default_factory=AzureMetadataOptions)
 
+    @field_validator("notify_signal")
+    @classmethod
+    def _signal_name(cls, v: str | None) -> str | None:
+        """A name ``signal.Signals`` knows, stored as it spells it (``usr1`` -> ``SIGUSR1``),
+        so the drain's ``signal.Signals[name.upper()]`` cannot fail on it."""
+        if v is None:
+            return None
+        name = v.strip().upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if name not in signal.Signals.__members__:
+            raise ValueError(
+                "not a signal name on this system; give one such as SIGUSR1, SIGUSR2, SIGTERM "
+                "or SIGINT (the SIG prefix and the case are optional)"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _notify_pair(self) -> PreemptionConfig:
+        if (self.notify_signal is None) != (self.notify_pid_file is None):
+            given, missing = (
+                ("notify_signal", "notify_pid_file")
+                if self.notify_pid_file is None
+                else ("notify_pid_file", "notify_signal")
+            )
+            raise ValueError(
+                f"preemption.{given} is set but preemption.{missing} is not, so the trainer "
+                "would never be signalled: set preemption.notify_signal (e.g. SIGUSR1) and "
+                "preemption.notify_pid_file (the file holding the trainer's PID) together, "
+                "or neither"
+            )
+        return self
+
 
 class AdminConfig(_Section):
     enabled: bool = True
@@ -186,14 +222,46 @@ def _env_value(raw: str) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError:
-            return raw
+            return raw  # not JSON: a plain string, e.g. a regular expression "[._-](\d+)"
     return raw
 
 
-_LIST_KEYS = {("checkpoint", "pattern"), ("destination", "allowed_regions")}
+def _is_list(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_list(a) for a in typing.get_args(annotation))
+    return origin in (list, tuple, set, frozenset)
+
+
+def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every list- or tuple-typed key, found by type, so a new list key splits like the rest."""
+    out: set[tuple[str, ...]] = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= _list_keys(ann, (*prefix, name))
+        elif _is_list(ann):
+            out.add((*prefix, name))
+    return out
+
+
+def _env_list(name: str, key: str, raw: str) -> Any:
+    """A JSON list (``["a", "b"]``) or comma-separated values (``a, b``)."""
+    text = raw.strip()
+    if text.startswith(("[", "{")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"environment variable {name} ({key}): starts with {text[0]!r} but is not valid "
+                f"JSON ({e.msg}, character {e.pos + 1}); give a JSON list such as "
+                """'["a", "b"]' or comma-separated values such as a,b"""
+            ) from None
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    list_keys = _list_keys(Config)
     tree: dict[str, Any] = {}
     for name, raw in sorted(env.items()):
         if not name.startswith(ENV_PREFIX):
@@ -201,9 +269,10 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(path):
             raise ConfigError(f"environment variable {name}: empty section or key name")
-        value = _env_value(raw)
-        if tuple(path) in _LIST_KEYS and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+        if tuple(path) in list_keys:
+            value = _env_list(name, ".".join(path), raw)
+        else:
+            value = _env_value(raw)
         _set_path(tree, path, value, f"environment variable {name}")
     return tree
 
@@ -225,15 +294,59 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist; pass an existing --config") from None
     except OSError as e:
         raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {e.start + 1}: {e.reason}); "
+            "save it as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of sections")
     return data
+
+
+# Quoted parts of PyYAML's messages that cannot hold a value: one character ('\t', ':') or a
+# token name ('<block mapping start>'). Anything else quoted (an alias, a tag) may be a secret.
+_YAML_SAFE_QUOTE = re.compile(r"'(?:[^'\\]|\\[a-z\\]|<[a-z ]+>)'|\"'\"")
+
+
+def _yaml_words(text: str | None) -> str | None:
+    if not text:
+        return None
+    if re.search("['\"]", _YAML_SAFE_QUOTE.sub("", text)):
+        return "syntax error (details not shown: they would quote the file's text)"
+    return text
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Where and what, never the text there: PyYAML's own message quotes the offending line,
+    and on a ``sas_token:`` or ``token:`` line that is a secret."""
+    if not isinstance(e, yaml.MarkedYAMLError):
+        position = getattr(e, "position", None)
+        at = f" at character {position + 1}" if isinstance(position, int) else ""
+        return f"{type(e).__name__}{at}; fix the file there"
+    parts = []
+    problem = _yaml_words(e.problem) or "syntax error"
+    if e.problem_mark is not None:
+        mark = e.problem_mark
+        parts.append(f"line {mark.line + 1}, column {mark.column + 1}: {problem}")
+    else:
+        parts.append(problem)
+    context = _yaml_words(e.context)
+    if context and e.context_mark is not None:
+        mark = e.context_mark
+        parts.append(f"({context} started at line {mark.line + 1}, column {mark.column + 1})")
+    elif context:
+        parts.append(f"({context})")
+    return (
+        " ".join(parts) + "; fix the syntax there (an unclosed quote or bracket, or a tab in "
+        "the indentation, is the usual cause). The line itself is not shown: it may hold a secret"
+    )
 
 
 def _secret_keys(model: type[BaseModel], prefix: str = "") -> set[str]:

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["AwsMetadataOptions", "AzureMetadataOptions", "GcpMetadataOptions"]
+__all__ = [
+    "AZURE_EVENT_TYPES",
+    "AwsMetadataOptions",
+    "AzureMetadataOptions",
+    "GcpMetadataOptions",
+]
+
+AZURE_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+"""The ``EventType`` values Azure Scheduled Events documents; Azure sends them spelt so."""
 
 
 class _Options(BaseModel):
@@ -65,6 +73,27 @@ class AzureMetadataOptions(_Options):
     vm_name: str | None = None
     """This VM's name as it appears in ``Resources``; unset: ``compute/name`` from IMDS."""
     event_types: tuple[str, ...] = ("Preempt", "Terminate")
+    """Event types that start a drain; each one of :data:`AZURE_EVENT_TYPES`, in any case."""
     acknowledge: Literal["never", "after_flush"] = "never"
     """``after_flush`` approves the event (``StartRequests``) once the flush is done; approving
     a Preempt earlier would only shorten the window."""
+
+    @field_validator("event_types")
+    @classmethod
+    def _known_event_types(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        """A typo (``Preemt``) would silently match no event, so only the documented types
+        pass, stored as Azure spells them (the source compares them exactly)."""
+        by_fold = {t.casefold(): t for t in AZURE_EVENT_TYPES}
+        allowed = ", ".join(AZURE_EVENT_TYPES)
+        unknown = [t for t in v if t.strip().casefold() not in by_fold]
+        if unknown:
+            raise ValueError(
+                f"unknown Azure Scheduled Events type {', '.join(map(repr, unknown))}; "
+                f"allowed: {allowed}"
+            )
+        if not v:
+            raise ValueError(
+                f"needs at least one of {allowed}; to ignore Azure notices set "
+                "preemption.source to something other than azure"
+            )
+        return tuple(dict.fromkeys(by_fold[t.strip().casefold()] for t in v))
