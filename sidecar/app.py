@@ -325,7 +325,7 @@ class Daemon:
         dead = [t.name for t in self._threads if not t.is_alive()]
         if not self.watcher.alive:
             dead.append("watcher")
-        return dead
+        return dead + self.poller.dead_threads()
 
     def _start_thread(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

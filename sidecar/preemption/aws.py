@@ -3,16 +3,24 @@
 Each poll asks ``spot/instance-action`` (404 until AWS decides to interrupt, then
 ``{"action": "terminate|stop|hibernate", "time": RFC 3339}``; deadline = ``time``) and, when
 nothing is there, ``events/recommendations/rebalance`` (``{"noticeTime": ...}``), an early
-warning delivered with ``drain=False``. Requests carry an IMDSv2 session token, fetched
-with ``PUT /latest/api/token``, renewed before it expires and again on any 401.
+warning delivered with ``drain=False``. A JSON object on ``spot/instance-action`` is always
+a notice: one without a readable ``action`` or ``time`` gives kind ``unknown`` or
+``default_deadline_seconds`` as needed, one notice per distinct body, logged with the reason
+(``preemption.malformed_event``); a body that is not a JSON object (an HTML page from
+something that is not the metadata service) is an error, never a notice. Requests carry an
+IMDSv2 session token, fetched with ``PUT /latest/api/token``, renewed before it expires and
+again on any 401.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import structlog
 
 from sidecar.model import Notice
 from sidecar.preemption.base import MetadataHttp, SourceError, make_notice, parse_rfc3339
@@ -27,6 +35,8 @@ ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"  # noqa: S105 (a header name)
+
+log = structlog.get_logger()
 
 HOP_LIMIT_FIX = (
     "from a container, the token answer is dropped when the instance's metadata hop limit "
@@ -58,6 +68,7 @@ class AwsSpotSource:
         self._http = MetadataHttp(endpoint, opts.timeout_seconds)
         self._token: str | None = None
         self._renew_at = 0.0
+        self._reported: set[str] = set()
 
     def poll(self) -> Notice | None:
         body = self._get(ACTION_PATH)
@@ -77,19 +88,49 @@ class AwsSpotSource:
         self._http.close()
 
     def _interruption(self, body: bytes) -> Notice:
-        doc = _json_object(body, ACTION_PATH)
-        action = str(doc.get("action") or "")
-        if not action:
-            raise SourceError("bad_response", f"{ACTION_PATH}: no 'action' in {body[:200]!r}")
-        when = str(doc.get("time") or "")
+        doc = _json_object(body, ACTION_PATH)  # not JSON: likely not the metadata service
+        action, when = doc.get("action"), doc.get("time")
+        action = action if isinstance(action, str) and action else None
+        when = when if isinstance(when, str) else ""
         deadline = parse_rfc3339(when)
+        if action is not None and deadline is not None:
+            event_id = f"aws:instance-action:{action}:{when}"
+        else:
+            event_id = f"aws:instance-action:sha256:{hashlib.sha256(body).hexdigest()[:32]}"
+            self._report(event_id, body, doc, action, deadline)
         return make_notice(
             "aws",
-            action,
-            f"aws:instance-action:{action}:{when}",
+            action or "unknown",
+            event_id,
             deadline=deadline,
             seconds_left=self._opts.default_deadline_seconds,
             detail={"time": when, "endpoint": self._http.base_url},
+        )
+
+    def _report(
+        self,
+        event_id: str,
+        body: bytes,
+        doc: dict[str, Any],
+        action: str | None,
+        deadline: float | None,
+    ) -> None:
+        """Log once per distinct body why an instance-action answer is not as documented."""
+        if event_id in self._reported:
+            return
+        self._reported.add(event_id)
+        missing = [k for k, v in (("action", action), ("time", deadline)) if v is None]
+        reason = "no readable " + " or ".join(repr(k) for k in missing)
+        log.warning(
+            "preemption.malformed_event",
+            source=self.name,
+            path=ACTION_PATH,
+            reason=reason,
+            body=f"{body[:200]!r}",
+            kind=action or "unknown",
+            default_deadline_seconds=None
+            if deadline is not None
+            else self._opts.default_deadline_seconds,
         )
 
     def _rebalance(self, body: bytes) -> Notice:

@@ -4,9 +4,11 @@ Every ``interval`` seconds: ``GET /metadata/scheduledevents?api-version=...`` wi
 ``Metadata: true``. An event counts when its ``EventType`` is one of
 ``opts.event_types`` and its ``Resources`` contain this VM's name (``opts.vm_name``, else
 ``/metadata/instance/compute/name``, asked once). Deadline = ``NotBefore`` (RFC 1123), or
-now when it is empty (the event has started). The first call may take up to two minutes
-while the service starts on the VM, so it gets ``first_call_timeout_seconds``. Events are
-never approved unless ``acknowledge: after_flush``, and then only through
+now when it is empty (the event has started) or past, or ``DEFAULT_DEADLINE_SECONDS`` from
+now when it cannot be read (logged). An event of a watched type whose ``Resources`` is not a
+list is skipped (logged) and the other events are still read. The first call may take up
+to two minutes while the service starts on the VM, so it gets ``first_call_timeout_seconds``.
+Events are never approved unless ``acknowledge: after_flush``, and then only through
 :meth:`AzureScheduledEventsSource.acknowledge`, which the daemon calls after its flush.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+
+import structlog
 
 from sidecar.model import Notice
 from sidecar.preemption.base import (
@@ -31,6 +35,11 @@ __all__ = ["AzureScheduledEventsSource"]
 EVENTS_PATH = "/metadata/scheduledevents"
 NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 HEADERS = {"Metadata": "true"}
+DEFAULT_DEADLINE_SECONDS = 30.0
+"""Deadline of an event whose ``NotBefore`` cannot be read: a Preempt's documented minimum
+notice, the shortest Azure gives."""
+
+log = structlog.get_logger()
 
 
 class AzureScheduledEventsSource:
@@ -45,6 +54,7 @@ class AzureScheduledEventsSource:
         self._events_path = f"{EVENTS_PATH}?api-version={opts.api_version}"
         self._vm_name = opts.vm_name
         self._first_call = True
+        self._reported: set[tuple[str, str]] = set()
 
     def poll(self) -> Notice | None:
         vm = self._this_vm().casefold()
@@ -62,7 +72,7 @@ class AzureScheduledEventsSource:
             for ev in events
             if isinstance(ev, dict)
             and ev.get("EventType") in self._opts.event_types
-            and vm in (str(r).casefold() for r in ev.get("Resources") or ())
+            and self._names(ev, vm)
         ]
         return min(ours, key=lambda n: n.deadline) if ours else None
 
@@ -93,9 +103,44 @@ class AzureScheduledEventsSource:
             self._vm_name = name
         return self._vm_name
 
+    def _names(self, ev: dict[str, Any], vm: str) -> bool:
+        """Whether the event's ``Resources`` name this VM; a malformed list names nothing."""
+        resources = ev.get("Resources")
+        if resources is None:
+            return False
+        if not isinstance(resources, list):
+            self._report(ev, "malformed_resources", resources=f"{resources!r:.200}")
+            return False
+        return vm in (str(r).casefold() for r in resources)
+
+    def _report(self, ev: dict[str, Any], reason: str, **fields: str) -> None:
+        """Log what is odd about one event, once per event and reason."""
+        key = (str(ev.get("EventId")), reason)
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning(
+                "preemption.malformed_event",
+                source=self.name,
+                event_id=key[0],
+                reason=reason,
+                **fields,
+            )
+
     def _notice(self, ev: dict[str, Any], incarnation: str) -> Notice:
         not_before = str(ev.get("NotBefore") or "")
-        deadline = max(parse_rfc1123(not_before) or 0.0, time.time())
+        now = time.time()
+        if not not_before:
+            deadline = now  # the event has started
+        elif (at := parse_rfc1123(not_before)) is not None:
+            deadline = max(at, now)
+        else:
+            deadline = now + DEFAULT_DEADLINE_SECONDS
+            self._report(
+                ev,
+                "unreadable_not_before",
+                not_before=f"{not_before:.200}",
+                default_deadline_seconds=str(DEFAULT_DEADLINE_SECONDS),
+            )
         event_type = str(ev.get("EventType"))
         return make_notice(
             "azure",

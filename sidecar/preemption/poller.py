@@ -11,16 +11,25 @@ Guarantees:
   saw it; calls for notices of different sources may overlap. A callback that blocks
   delays only its own source's next poll, but hand long work (the drain) to another
   thread anyway. No call starts once :meth:`Poller.stop` has been called.
-* An error is never a notice. Each error kind of each source is logged once
+* An error is never a notice, and no error ends a source's loop: anything a poll raises
+  (a :class:`SourceError`, or any other exception, counted as kind ``internal``) is an
+  error of that poll, and the next poll follows. Each error kind of each source is logged once
   (``preemption.error``, with the fix when there is one), again only after
   ``relog_after_seconds`` of repeats, and counted every time (:meth:`Poller.error_counts`,
   and ``on_error(source, kind)`` for metrics). ``preemption.recovered`` follows an outage.
+* A deadline that is not finite or more than ``MAX_DEADLINE_SECONDS`` (a day) from the
+  notice's receipt is clamped to that bound (a far past one to "now") before delivery, and
+  logged ``preemption.deadline_clamped``; an event is marked seen only when it is delivered.
+* :meth:`Poller.dead_threads` names the loops that ended without :meth:`Poller.stop`
+  (for ``/healthz``).
 * :meth:`Poller.stop` aborts requests in flight and returns within ``timeout`` (a callback
   still running then is reported as ``preemption.stop_slow`` and left to finish).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,10 +41,12 @@ import structlog
 from sidecar.model import Notice
 from sidecar.preemption.base import Source, SourceError
 
-__all__ = ["Poller", "SourceHealth"]
+__all__ = ["MAX_DEADLINE_SECONDS", "Poller", "SourceHealth"]
 
 log = structlog.get_logger()
 MIN_GAP = 0.01
+MAX_DEADLINE_SECONDS = 86400.0
+"""The furthest a deadline may lie from the notice's receipt; beyond it, it is clamped."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,13 @@ class Poller:
         with self._lock:
             return dict(self._counts)
 
+    def dead_threads(self) -> list[str]:
+        """Names of the poll threads (``preemption-<label>``) that ended although
+        :meth:`stop` was not called; empty before :meth:`start` and once :meth:`stop` was."""
+        if self._stop.is_set():
+            return []
+        return [t.name for t in self._threads if t.ident is not None and not t.is_alive()]
+
     def health(self) -> list[SourceHealth]:
         with self._lock:
             return [self._health[label] for label in self._labels]
@@ -144,6 +162,15 @@ class Poller:
             started = time.monotonic()
             try:
                 notice = source.poll()
+                ready = None if notice is None else self._checked(label, notice)
+                if failures:
+                    log.info("preemption.recovered", source=label, failed_polls=failures)
+                    failures = 0
+                with self._lock:
+                    polls = self._health[label].polls + 1
+                    self._health[label] = SourceHealth(label, True, 0, None, polls)
+                if ready is not None:
+                    self._deliver(source, label, *ready)
             except Exception as e:
                 if self._stop.is_set():
                     return
@@ -152,15 +179,26 @@ class Poller:
                 delay = max(source.interval, self._retry_delay) * 2 ** min(failures - 1, 16)
                 self._stop.wait(min(delay, self._retry_delay_max))
                 continue
-            if failures:
-                log.info("preemption.recovered", source=label, failed_polls=failures)
-                failures = 0
-            with self._lock:
-                polls = self._health[label].polls + 1
-                self._health[label] = SourceHealth(label, True, 0, None, polls)
-            if notice is not None:
-                self._deliver(source, label, notice)
             self._stop.wait(max(source.interval - (time.monotonic() - started), MIN_GAP))
+
+    def _checked(self, label: str, notice: Notice) -> tuple[Notice, str] | None:
+        """``None`` for an event already delivered; else the notice, its deadline clamped
+        (logged) when it is absurd, and that deadline in RFC 3339. Raises when the notice
+        cannot be delivered (then it is an error of this poll, and not marked seen)."""
+        with self._lock:
+            if notice.event_id in self._seen:
+                return None
+        clamped = _clamp(notice)
+        if clamped is not notice:
+            log.warning(
+                "preemption.deadline_clamped",
+                source=label,
+                event_id=notice.event_id,
+                deadline_given=str(notice.deadline),
+                deadline=_rfc3339(clamped.deadline),
+                bound_seconds=MAX_DEADLINE_SECONDS,
+            )
+        return clamped, _rfc3339(clamped.deadline)
 
     def _error(self, label: str, e: Exception, failures: int) -> None:
         err = e if isinstance(e, SourceError) else SourceError("internal", repr(e))
@@ -188,27 +226,56 @@ class Poller:
                 **extra,
             )
         if self._on_error is not None:
-            self._on_error(label, err.kind)
+            try:
+                self._on_error(label, err.kind)
+            except Exception:
+                log.exception("preemption.on_error_failed", source=label, kind=err.kind)
 
-    def _deliver(self, source: Source, label: str, notice: Notice) -> None:
+    def _deliver(self, source: Source, label: str, notice: Notice, deadline: str) -> None:
         with self._lock:
             if notice.event_id in self._seen or self._stop.is_set():
                 return
-            self._seen[notice.event_id] = source
-            self._notices.append(notice)
         log.warning(
             "preemption.notice",
             source=label,
             kind=notice.kind,
             event_id=notice.event_id,
             drain=notice.drain,
-            deadline=datetime.fromtimestamp(notice.deadline, UTC).isoformat(),
+            deadline=deadline,
             seconds_left=round(notice.deadline_mono - time.monotonic(), 1),
         )
+        with self._lock:
+            if notice.event_id in self._seen or self._stop.is_set():
+                return
+            self._seen[notice.event_id] = source
+            self._notices.append(notice)
         try:
             self._on_notice(notice)
         except Exception:
             log.exception("preemption.callback_failed", event_id=notice.event_id)
+
+
+def _clamp(notice: Notice) -> Notice:
+    """``notice`` itself when its deadline lies within ``MAX_DEADLINE_SECONDS`` of its receipt;
+    else a copy with the deadline at that bound (a far past one: at receipt, "now"), the
+    monotonic deadline moved with it and the given value kept in ``detail``."""
+    given, received = notice.deadline, notice.received_at
+    if received - MAX_DEADLINE_SECONDS <= given <= received + MAX_DEADLINE_SECONDS:
+        return notice
+    deadline = received if given < received else received + MAX_DEADLINE_SECONDS
+    received_mono = notice.deadline_mono - (given - received)
+    if not math.isfinite(received_mono):
+        received_mono = time.monotonic() - max(time.time() - received, 0.0)
+    return dataclasses.replace(
+        notice,
+        deadline=deadline,
+        deadline_mono=received_mono + (deadline - received),
+        detail={**notice.detail, "deadline_given": str(given)},
+    )
+
+
+def _rfc3339(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).isoformat()
 
 
 def _labels(sources: Sequence[Source]) -> list[str]:

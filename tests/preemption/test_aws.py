@@ -6,9 +6,8 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,10 +17,8 @@ from sidecar.model import Notice
 from sidecar.preemption.aws import HOP_LIMIT_FIX, AwsSpotSource, endpoint_from
 from sidecar.preemption.base import SourceError
 from sidecar.preemption.options import AwsMetadataOptions
-from sidecar.preemption.poller import Poller
-
-if TYPE_CHECKING:
-    from tests.servers.metadata_aws import FakeAwsMetadata
+from sidecar.preemption.poller import MAX_DEADLINE_SECONDS, Poller
+from tests.servers.metadata_aws import ACTION_PATH, FakeAwsMetadata
 
 pytest_plugins = ["tests.servers.metadata_aws"]
 
@@ -189,3 +186,78 @@ def test_poller_delivers_the_interruption_within_one_interval(
     finally:
         assert poller.stop()
     assert [n.kind for n in notices] == ["terminate"]
+
+
+class _RawAwsMetadata(FakeAwsMetadata):
+    """The fake IMDS, also able to answer ``spot/instance-action`` with any body at all."""
+
+    def publish_raw(self, body: bytes) -> None:
+        with self._cond:
+            self._documents[ACTION_PATH] = body
+            self.flipped_at = time.monotonic()
+
+
+@pytest.fixture
+def raw_aws() -> Iterator[_RawAwsMetadata]:
+    fake = _RawAwsMetadata().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def test_a_malformed_instance_action_is_a_notice_once_per_distinct_body(
+    raw_aws: _RawAwsMetadata,
+) -> None:
+    src = AwsSpotSource(AwsMetadataOptions(default_deadline_seconds=90), raw_aws.url)
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=100)
+    for not_an_object in (b"<html>maintenance</html>", b'["terminate"]'):
+        raw_aws.publish_raw(not_an_object)  # not the metadata service speaking: no notice
+        with pytest.raises(SourceError, match="not a JSON object"):
+            src.poll()
+    cases = [
+        (b'{"time": "' + when.strftime("%Y-%m-%dT%H:%M:%SZ").encode() + b'"}', "unknown", when),
+        (b'{"action": 7, "time": "soon"}', "unknown", None),
+        (b'{"action": "stop", "time": "tomorrow"}', "stop", None),
+    ]
+    ids = []
+    with capture_logs() as logs:
+        for body, kind, at in cases:
+            raw_aws.publish_raw(body)
+            first, again = src.poll(), src.poll()
+            assert first is not None and again is not None
+            assert first.event_id == again.event_id  # the same body: one event
+            assert (first.source, first.kind, first.drain) == ("aws", kind, True)
+            if at is None:
+                assert 85 < first.deadline_mono - time.monotonic() <= 90
+            else:
+                assert first.deadline == at.timestamp()
+            ids.append(first.event_id)
+    assert len(set(ids)) == len(cases)
+    reported = [e for e in logs if e["event"] == "preemption.malformed_event"]
+    assert len(reported) == len(cases)  # once per body, not once per poll
+    assert reported[0]["reason"] == "no readable 'action'"
+    assert reported[1]["reason"] == "no readable 'action' or 'time'"
+    assert reported[2]["reason"] == "no readable 'time'"
+    assert reported[1]["default_deadline_seconds"] == 90
+
+
+def test_an_action_time_beyond_datetime_is_clamped_and_delivered(
+    raw_aws: _RawAwsMetadata,
+) -> None:
+    raw_aws.publish_raw(b'{"action": "terminate", "time": "9999-12-31T23:59:59-12:00"}')
+    notices: list[Notice] = []
+    poller = Poller([_source(raw_aws, interval_seconds=0.02)], notices.append)
+    with capture_logs() as logs:
+        poller.start()
+        try:
+            _until(lambda: len(notices) == 1)
+            polls = poller.health()[0].polls
+            _until(lambda: poller.health()[0].polls >= polls + 3)
+            assert poller.dead_threads() == []
+        finally:
+            assert poller.stop()
+    n = notices[0]
+    assert (n.kind, n.deadline) == ("terminate", n.received_at + MAX_DEADLINE_SECONDS)
+    assert [e["event"] for e in logs].count("preemption.deadline_clamped") == 1
+    assert poller.error_counts() == {}

@@ -5,22 +5,19 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
 from structlog.testing import capture_logs
 
 from sidecar.model import Notice
-from sidecar.preemption.azure import AzureScheduledEventsSource
+from sidecar.preemption.azure import DEFAULT_DEADLINE_SECONDS, AzureScheduledEventsSource
 from sidecar.preemption.base import SourceError
 from sidecar.preemption.options import AzureMetadataOptions
 from sidecar.preemption.poller import Poller
-
-if TYPE_CHECKING:
-    from tests.servers.metadata_azure import FakeAzureMetadata
+from tests.servers.metadata_azure import FakeAzureMetadata
 
 pytest_plugins = ["tests.servers.metadata_azure"]
 
@@ -159,3 +156,59 @@ def test_fake_requires_the_metadata_header_and_api_version(
     assert status(path, {"Metadata": "true", "X-Forwarded-For": "10.0.0.9"}) == 400
     assert status("/metadata/scheduledevents", {"Metadata": "true"}) == 400
     assert status(path, {"Metadata": "true"}) == 200
+
+
+class _EditableAzureMetadata(FakeAzureMetadata):
+    """The fake service, also able to set any field of an event to any JSON value."""
+
+    def edit(self, event_id: str, **fields: object) -> None:
+        self._change(lambda: self._events[event_id].update(fields))
+
+
+@pytest.fixture
+def odd_azure() -> Iterator[_EditableAzureMetadata]:
+    fake = _EditableAzureMetadata().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def test_unreadable_not_before_gets_the_default_deadline_and_is_logged(
+    odd_azure: _EditableAzureMetadata,
+) -> None:
+    event_id = odd_azure.schedule("Preempt")
+    odd_azure.edit(event_id, NotBefore="next Tuesday, around noon")
+    src = _source(odd_azure)
+    with capture_logs() as logs:
+        notice, again = src.poll(), src.poll()
+    assert notice is not None and again is not None
+    left = notice.deadline_mono - time.monotonic()
+    assert DEFAULT_DEADLINE_SECONDS - 5 < left <= DEFAULT_DEADLINE_SECONDS
+    reported = [e for e in logs if e["event"] == "preemption.malformed_event"]
+    assert [(e["event_id"], e["reason"]) for e in reported] == [(event_id, "unreadable_not_before")]
+
+
+def test_past_not_before_is_now(odd_azure: _EditableAzureMetadata) -> None:
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    odd_azure.schedule("Preempt", not_before=past)
+    notice = _source(odd_azure).poll()
+    assert notice is not None
+    assert abs(notice.deadline - notice.received_at) < 0.5
+
+
+def test_malformed_resources_skip_only_that_event(odd_azure: _EditableAzureMetadata) -> None:
+    bad = [odd_azure.schedule("Terminate") for _ in range(3)]
+    odd_azure.edit(bad[0], Resources=5)
+    odd_azure.edit(bad[1], Resources={"gpu-vm-0": True})
+    odd_azure.edit(bad[2], Resources="gpu-vm-0")
+    later = datetime.now(UTC) + timedelta(seconds=60)
+    good = odd_azure.schedule("Preempt", not_before=later)
+    src = _source(odd_azure)
+    with capture_logs() as logs:
+        notice, again = src.poll(), src.poll()
+    assert notice is not None and notice.event_id == f"azure:{good}"
+    assert again is not None and again.event_id == notice.event_id
+    reported = [e for e in logs if e["event"] == "preemption.malformed_event"]
+    assert sorted(e["event_id"] for e in reported) == sorted(bad)  # once each
+    assert {e["reason"] for e in reported} == {"malformed_resources"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import socket
 import threading
 import time
@@ -9,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from structlog.testing import capture_logs
 
 from sidecar.model import Notice
 from sidecar.preemption.aws import AwsSpotSource
 from sidecar.preemption.options import AwsMetadataOptions
-from sidecar.preemption.poller import Poller
+from sidecar.preemption.poller import MAX_DEADLINE_SECONDS, Poller
 from sidecar.preemption.trigger import TriggerFileSource
 
 if TYPE_CHECKING:
@@ -35,6 +38,12 @@ def _closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def _place(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _aws(url: str, interval: float = 0.02) -> AwsSpotSource:
@@ -178,3 +187,116 @@ def test_a_blocking_callback_delays_neither_other_sources_nor_stop(tmp_path: Pat
     finally:
         release.set()
     assert poller.stop()
+
+
+class _Scripted:
+    """A source that answers from a script: each poll takes the next answer (the last one
+    repeats); an exception in the script is raised by that poll."""
+
+    name = "scripted"
+    interval = 0.01
+
+    def __init__(self, *answers: Notice | BaseException | None) -> None:
+        self._answers = list(answers)
+        self.polls = 0
+
+    def poll(self) -> Notice | None:
+        self.polls += 1
+        answer = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def acknowledge(self, notice: Notice) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def _notice(event_id: str, *, deadline: float, received_at: float) -> Notice:
+    return Notice("file", "trigger", deadline, received_at, time.monotonic() + 30, event_id)
+
+
+def test_absurd_deadlines_are_clamped_logged_and_the_notices_still_arrive(tmp_path: Path) -> None:
+    far = TriggerFileSource(tmp_path / "far", default_deadline_seconds=30, interval=0.02)
+    endless = TriggerFileSource(
+        tmp_path / "endless", default_deadline_seconds=math.inf, interval=0.02
+    )
+    past = TriggerFileSource(tmp_path / "past", default_deadline_seconds=30, interval=0.02)
+    _place(tmp_path / "far", "1e12")  # seconds from now: year 33715
+    _place(tmp_path / "endless", "")  # the default, and it is infinite
+    _place(tmp_path / "past", "0001-01-01T00:00:00+14:00")  # before datetime.min in UTC
+    notices: list[Notice] = []
+    poller = Poller([far, endless, past], notices.append)
+    with capture_logs() as logs:
+        poller.start()
+        try:
+            _until(lambda: len(notices) == 3)
+            polls = sum(h.polls for h in poller.health())
+            _until(lambda: min(h.polls for h in poller.health()) >= polls)  # all still polling
+            assert poller.dead_threads() == []
+        finally:
+            assert poller.stop()
+    by_path = {Path(n.detail["path"]).name: n for n in notices}
+    for name in ("far", "endless"):
+        n = by_path[name]
+        assert n.deadline == n.received_at + MAX_DEADLINE_SECONDS
+        assert MAX_DEADLINE_SECONDS - 5 < n.deadline_mono - time.monotonic() <= MAX_DEADLINE_SECONDS
+    assert by_path["endless"].detail["deadline_given"] == "inf"
+    assert by_path["past"].deadline == by_path["past"].received_at
+    assert by_path["past"].deadline_mono <= time.monotonic()
+    clamped = [e for e in logs if e["event"] == "preemption.deadline_clamped"]
+    assert sorted(e["source"] for e in clamped) == ["file", "file#2", "file#3"]
+    assert poller.error_counts() == {}
+
+
+def test_a_notice_that_cannot_be_delivered_is_an_error_and_not_marked_seen() -> None:
+    broken = _notice("e1", deadline=math.inf, received_at=math.inf)  # no clamp can save it
+    now = time.time()
+    src = _Scripted(broken, _notice("e1", deadline=now + 30, received_at=now))
+    notices: list[Notice] = []
+    poller = Poller([src], notices.append, retry_delay=0.01)
+    with capture_logs() as logs:
+        poller.start()
+        try:
+            _until(lambda: len(notices) == 1)
+        finally:
+            assert poller.stop()
+    assert notices[0].deadline == now + 30  # the same event id, delivered by the next poll
+    assert poller.error_counts() == {("scripted", "internal"): 1}
+    assert [e["kind"] for e in logs if e["event"] == "preemption.error"] == ["internal"]
+
+
+def test_unexpected_exceptions_and_a_failing_on_error_never_end_the_loop() -> None:
+    now = time.time()
+    src = _Scripted(ValueError("odd reply"), _notice("e2", deadline=now + 30, received_at=now))
+
+    def on_error(source: str, kind: str) -> None:
+        raise RuntimeError("metrics are broken")
+
+    notices: list[Notice] = []
+    poller = Poller([src], notices.append, on_error=on_error, retry_delay=0.01)
+    with capture_logs() as logs:
+        poller.start()
+        try:
+            _until(lambda: len(notices) == 1)
+        finally:
+            assert poller.stop()
+    assert poller.error_counts() == {("scripted", "internal"): 1}
+    assert [e["event"] for e in logs].count("preemption.on_error_failed") == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dead_threads_names_a_loop_that_ended_until_stop(tmp_path: Path) -> None:
+    alive = TriggerFileSource(tmp_path / "t", default_deadline_seconds=30, interval=0.02)
+    dying = _Scripted(SystemExit(3))  # not an Exception: the one way left to end a loop
+    poller = Poller([alive, dying], lambda n: None)
+    assert poller.dead_threads() == []
+    poller.start()
+    try:
+        _until(lambda: poller.dead_threads() == ["preemption-scripted"])
+        assert poller.health()[0].polls >= 1
+    finally:
+        assert poller.stop()
+    assert poller.dead_threads() == []
