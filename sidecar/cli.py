@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sidecar import __version__
+from sidecar.client import open_admin
 from sidecar.config import Config, ConfigError, load, redacted
 from sidecar.logging import configure
 from sidecar.storage.base import Backend, DestinationRejected, StorageError
@@ -208,8 +209,7 @@ def _drain(args: argparse.Namespace, cfg: Config) -> int:
         return EXIT_USAGE
     req = urllib.request.Request(url, data=b"", method="POST", headers=headers)  # noqa: S310
     try:
-        with urllib.request.urlopen(req, timeout=cfg.shutdown_grace_seconds + 30) as resp:  # noqa: S310
-            body = json.loads(resp.read() or b"{}")
+        body = json.loads(open_admin(req, cfg.shutdown_grace_seconds + 30) or b"{}")
     except (urllib.error.URLError, OSError, ValueError) as e:
         _err(f"cannot reach the daemon at {url}: {e}; is `ckpt-sidecar run` running?")
         return EXIT_ERROR

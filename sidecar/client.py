@@ -274,6 +274,30 @@ def _from_status(admin_url: str, interval: float) -> Notice | None:
 
 
 # -- the daemon's status ----------------------------------------------------------------------
+#: the most of a reply from the admin port that is read (a status names every file in flight)
+MAX_ADMIN_REPLY_BYTES = 16 * 1024 * 1024
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 3xx is an HTTPError: the token is never sent on to another address
+
+
+def open_admin(request: urllib.request.Request | str, timeout: float) -> bytes:
+    """One request to the daemon's admin port: the reply's body (at most
+    ``MAX_ADMIN_REPLY_BYTES``). Never through ``http_proxy`` / ``https_proxy`` (the admin
+    port is this machine's or the pod's; a proxy would get the token and never reach it)
+    and never redirected. Raises ``OSError`` (``urllib.error.URLError``, ``HTTPError``)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    try:
+        with opener.open(request, timeout=timeout) as resp:
+            body: bytes = resp.read(MAX_ADMIN_REPLY_BYTES)
+            return body
+    except urllib.error.HTTPError as e:
+        e.close()  # its connection: callers only need the code
+        raise
+
+
 def daemon_status(admin_url: str | None = None, timeout: float = 2.0) -> dict[str, Any] | None:
     """``GET <admin_url>/v1/status`` as a dict, or ``None`` when the daemon cannot be reached
     or does not answer JSON within ``timeout`` seconds. ``admin_url`` defaults to
@@ -282,8 +306,7 @@ def daemon_status(admin_url: str | None = None, timeout: float = 2.0) -> dict[st
     if not base.startswith(("http://", "https://")):
         raise ValueError(f"admin_url must be an http(s) URL, not {base!r}")
     try:
-        with urllib.request.urlopen(base + "/v1/status", timeout=timeout) as resp:  # noqa: S310
-            doc = json.loads(resp.read())
+        doc = json.loads(open_admin(base + "/v1/status", timeout))
     except (OSError, ValueError):  # URLError, timeouts and refused connections are OSError
         return None
     return doc if isinstance(doc, dict) else None

@@ -13,6 +13,8 @@ import stat
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,8 +27,10 @@ import pytest
 from sidecar import client
 from sidecar.client import (
     atomic_save,
+    daemon_status,
     default_admin_url,
     latest_local_checkpoint,
+    open_admin,
     preemption_notice,
     wait_for_durable,
 )
@@ -200,6 +204,11 @@ def test_default_folder_and_admin_url_follow_the_daemons_variables(
 
 
 # -- /v1/status ---------------------------------------------------------------------------------
+class _Redirect(Exception):
+    def __init__(self, location: str) -> None:
+        self.location = location
+
+
 class _Status:
     """A stand-in for the daemon's admin listener: GET /v1/status answers ``doc``."""
 
@@ -213,7 +222,14 @@ class _Status:
             def do_GET(self) -> None:
                 status.requests += 1
                 if status.on_request:
-                    status.on_request(status)
+                    try:
+                        status.on_request(status)
+                    except _Redirect as r:
+                        self.send_response(302)
+                        self.send_header("Location", r.location)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 body = json.dumps(status.doc).encode()
                 code = 200 if self.path == "/v1/status" else 404
                 self.send_response(code)
@@ -334,3 +350,36 @@ def test_nothing_to_resume_from(tmp_path: Path) -> None:
     assert latest_local_checkpoint(tmp_path / "missing") is None
     with pytest.raises(KeyError):
         latest_local_checkpoint(tmp_path, layout="no-such-layout")
+
+
+def test_the_status_is_asked_directly_even_with_a_proxy_in_the_environment(
+    status: _Status, dead_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, dead_url)  # a proxy that is down, or one that would keep it
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's, built at its first call
+    got = daemon_status(status.url, timeout=5)
+    assert got is not None and got["state"] == "running"
+
+
+def test_a_redirect_from_the_admin_port_is_not_followed_with_the_token(status: _Status) -> None:
+    elsewhere = _Status()
+    try:
+        seen: list[str | None] = []
+
+        def redirect(s: _Status) -> None:
+            raise _Redirect(elsewhere.url + "/v1/status")
+
+        status.on_request = redirect
+        elsewhere.on_request = lambda s: seen.append("asked")
+        req = urllib.request.Request(
+            status.url + "/v1/status", headers={"Authorization": "Bearer tkn-secret"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            open_admin(req, 5)
+        assert e.value.code == 302
+        assert seen == [], "the request (and its token) went on to another address"
+    finally:
+        elsewhere.close()
