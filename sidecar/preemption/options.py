@@ -25,7 +25,7 @@ AZURE_EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 
 
 class _Options(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AwsMetadataOptions(_Options):
@@ -39,9 +39,9 @@ class AwsMetadataOptions(_Options):
     token_ttl_seconds: int = Field(default=21600, ge=1, le=21600)
     rebalance: bool = True
     """Report rebalance recommendations as early warnings (``drain=False``)."""
-    rebalance_horizon_seconds: float = Field(default=120.0, gt=0)
+    rebalance_horizon_seconds: float = Field(default=120.0, gt=0, le=86400)
     """Deadline given to a rebalance warning: a planning horizon, not a promise by AWS."""
-    default_deadline_seconds: float = Field(default=120.0, gt=0)
+    default_deadline_seconds: float = Field(default=120.0, gt=0, le=86400)
     """Used when an instance-action carries no readable ``time`` (AWS gives two minutes)."""
 
 
@@ -55,10 +55,10 @@ class GcpMetadataOptions(_Options):
     """``timeout_sec`` of each hanging ``wait_for_change`` request."""
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
     """Connect timeout, and the read timeout beyond ``wait_timeout_seconds``."""
-    preempt_deadline_seconds: float = Field(default=30.0, gt=0)
+    preempt_deadline_seconds: float = Field(default=30.0, gt=0, le=86400)
     maintenance: bool = True
     """Treat ``maintenance-event`` = ``TERMINATE_ON_HOST_MAINTENANCE`` as a notice."""
-    maintenance_deadline_seconds: float = Field(default=60.0, gt=0)
+    maintenance_deadline_seconds: float = Field(default=60.0, gt=0, le=86400)
 
 
 class AzureMetadataOptions(_Options):

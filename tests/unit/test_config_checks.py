@@ -168,3 +168,19 @@ def test_the_example_config_still_loads() -> None:
     cfg = load(EXAMPLE)
     assert cfg.preemption.notify_signal is None
     assert cfg.preemption.azure.event_types == ("Preempt", "Terminate")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CKPT_SIDECAR_PREEMPTION__AWS__DEFAULT_DEADLINE_SECONDS": "inf"},
+        {"CKPT_SIDECAR_PREEMPTION__AWS__DEFAULT_DEADLINE_SECONDS": "1e12"},
+        {"CKPT_SIDECAR_PREEMPTION__GCP__PREEMPT_DEADLINE_SECONDS": "nan"},
+        {"CKPT_SIDECAR_WATCH__SETTLE_SECONDS": "inf"},
+    ],
+)
+def test_a_deadline_or_interval_that_is_not_a_finite_sane_number_is_a_config_error(
+    env: dict[str, str],
+) -> None:
+    with pytest.raises(ConfigError):
+        load(None, env=env)
