@@ -99,6 +99,7 @@ class Daemon:
             self.limiter,
             cfg.upload.concurrency,
             self.stop_event,
+            root=cfg.watch.path.absolute(),
         )
         self.committer = Committer(
             backend,
@@ -377,6 +378,7 @@ class Daemon:
                 self.backoff,
                 self.stop_event,
                 on_failure=lambda item, e: self._failed(item, "other_file", e),
+                root=cfg.watch.path.absolute(),
             )
             self._start_thread("other-files", others.run)
         log.info("daemon.ready", watch=str(cfg.watch.path.absolute()), destination=self.backend.url)

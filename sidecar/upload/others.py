@@ -1,14 +1,18 @@
 """The lower-priority lane: other files (logs, configs) uploaded one by one, no manifest.
 
 A file whose key a live manifest names is never written over (committed objects are
-immutable). A vanished file is skipped; a failed upload is handed to ``on_failure``.
+immutable). With a ``root``, a file is read only when reached from it without a symlink on
+the way (:mod:`sidecar.upload.beneath`). A vanished file is skipped; a failed upload is
+handed to ``on_failure``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
@@ -17,6 +21,7 @@ from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady
 from sidecar.queue import CheckpointQueue
 from sidecar.storage.base import Backend, Cancelled, StorageError
+from sidecar.upload.beneath import open_beneath, reopenable
 from sidecar.upload.retry import Backoff, retry
 
 __all__ = ["OtherFilesLoop"]
@@ -34,8 +39,11 @@ class OtherFilesLoop:
         backoff: Backoff,
         stop: threading.Event,
         on_failure: Callable[[CheckpointReady, Exception], None],
+        *,
+        root: Path | None = None,
     ) -> None:
         self.backend = backend
+        self.root = root
         self.queue = queue
         self.catalog = catalog
         self.metrics = metrics
@@ -59,11 +67,17 @@ class OtherFilesLoop:
             return
         f = item.files[0]
         try:
-            info = retry(
-                functools.partial(self.backend.put_file, item.name, f.path),
-                self.backoff,
-                wait=self.stop.wait,
-            )
+            fd = None if self.root is None else open_beneath(self.root, f.path)
+            try:
+                source = f.path if fd is None else reopenable(fd, f.path)
+                info = retry(
+                    functools.partial(self.backend.put_file, item.name, source),
+                    self.backoff,
+                    wait=self.stop.wait,
+                )
+            finally:
+                if fd is not None:
+                    os.close(fd)
         except FileNotFoundError:
             return
         except Cancelled:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -31,6 +32,7 @@ from sidecar.state import StateCache
 from sidecar.storage.base import Backend, Cancelled, ObjectInfo, StorageError
 from sidecar.storage.checksum import crc32c_of_file
 from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.beneath import open_beneath, reopenable
 from sidecar.upload.retry import Backoff, retry
 from sidecar.upload.throughput import ThroughputMeter
 from sidecar.watch.scan import state_of
@@ -79,8 +81,11 @@ class UploaderPool:
         limiter: BandwidthLimiter,
         concurrency: int,
         stop: threading.Event,
+        *,
+        root: Path | None = None,
     ) -> None:
         self.backend = backend
+        self.root = root
         self.cache = cache
         self.metrics = metrics
         self.backoff = backoff
@@ -124,10 +129,23 @@ class UploaderPool:
         if cancel.is_set():
             raise Cancelled(job.key)
         path = job.file.path
-        before = state_of(os.lstat(path))
+        fd = None if self.root is None else open_beneath(self.root, path)
+        try:
+            return self._read_and_send(job, cancel, path, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _read_and_send(
+        self, job: FileJob, cancel: threading.Event, path: Path, fd: int | None
+    ) -> UploadResult:
+        """Reads the file through ``fd`` (opened beneath the root) when there is one, so a
+        name swapped for a symlink meanwhile cannot redirect a read."""
+        source = path if fd is None else reopenable(fd, path)
+        before = state_of(os.lstat(path) if fd is None else os.fstat(fd))
         if before != job.file.state:
             raise FileChanged(f"{path} changed after it was judged complete")
-        copied = self._try_copy(job, before)
+        copied = self._try_copy(job, before, source)
         if copied is not None:
             return copied
         with self._lock:
@@ -136,7 +154,7 @@ class UploaderPool:
         try:
             info = retry(
                 lambda: self.backend.put_file(
-                    job.key, path, progress=self._progress(job.key, cancel)
+                    job.key, source, progress=self._progress(job.key, cancel)
                 ),
                 self.backoff,
                 on_retry=lambda n, e, d: self.note_retry("put_file", job.key, n, e, d),
@@ -151,7 +169,9 @@ class UploaderPool:
                 sent, _ = self.in_flight.pop(job.key, (0, 0))
             self.metrics.in_flight_bytes.dec(sent)
             self._give_back(before.size)
-        after = state_of(os.lstat(path))
+        after = state_of(os.lstat(path))  # the name still names that file, unchanged
+        if fd is not None and state_of(os.fstat(fd)) != before:
+            after = state_of(os.fstat(fd))
         if after != before or info.size != before.size or info.crc32c is None:
             self.metrics.files_uploaded.labels(self.backend.scheme, "changed").inc()
             raise FileChanged(f"{path} changed while it was uploaded")
@@ -170,13 +190,13 @@ class UploaderPool:
             if rss is not None and rss > GIVE_BACK_ABOVE_BYTES:
                 give_back_free_memory()
 
-    def _try_copy(self, job: FileJob, state: FileState) -> UploadResult | None:
+    def _try_copy(self, job: FileJob, state: FileState, source: Path) -> UploadResult | None:
         ref = job.reference
         if ref is None or ref.size != state.size:
             return None
         crc = self.cache.get(job.file.path, state)
         if crc is None:
-            crc = crc32c_of_file(job.file.path)
+            crc = crc32c_of_file(source)
             if state_of(os.lstat(job.file.path)) != state:
                 raise FileChanged(f"{job.file.path} changed while its checksum was read")
             self.cache.put(job.file.path, state, crc)

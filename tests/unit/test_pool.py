@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.catalog import Catalog
 from sidecar.manifest import ManifestFile
 from sidecar.metrics import Metrics
-from sidecar.model import FileEntry
+from sidecar.model import CheckpointReady, EntryKind, FileEntry
+from sidecar.queue import CheckpointQueue
 from sidecar.state import StateCache
 from sidecar.storage.base import Cancelled, ObjectInfo, PermanentError, Progress, TransientError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.memory import MemoryBackend
 from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.beneath import NotBeneath
+from sidecar.upload.others import OtherFilesLoop
 from sidecar.upload.pool import FileChanged, FileJob, UploaderPool
 from sidecar.upload.retry import Backoff
 from sidecar.watch.scan import state_of
@@ -46,7 +50,7 @@ class Faulty(Recording):
 
 
 class PoolRig:
-    def __init__(self, backend: Recording) -> None:
+    def __init__(self, backend: Recording, root: Path | None = None) -> None:
         self.backend = backend
         self.metrics = Metrics()
         self.cache = StateCache(None)
@@ -59,6 +63,7 @@ class PoolRig:
             BandwidthLimiter(0),
             3,
             self.stop,
+            root=root,
         )
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
@@ -234,3 +239,87 @@ def test_vanished_file_raises_file_not_found(tmp_path: Path, rig: PoolRig) -> No
     p.unlink()
     with pytest.raises(FileNotFoundError):
         rig.pool.upload_files([j], threading.Event())
+
+
+# -- never read through a symlink beneath the watch folder -----------------------------------
+class SwapsDuringPut(Recording):
+    """At the start of each put, replaces ``name`` with a symlink to ``target``."""
+
+    def __init__(self, name: Path, target: Path) -> None:
+        super().__init__(MemoryBackend(f"pool-{uuid.uuid4().hex}"))
+        self.name, self.target = name, target
+
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
+        self._rec("put_file", key)
+        self.name.rename(self.name.with_name("moved-away"))
+        self.name.symlink_to(self.target)
+        return self.inner.put_file(key, path, progress=progress)
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "w.pt").write_bytes(b"SECRET outside the watch folder")
+    return outside / "w.pt"
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_scan_is_not_read_through(
+    tmp_path: Path, secret: Path
+) -> None:
+    root = tmp_path / "watch"
+    (root / "step_1").mkdir(parents=True)
+    (root / "step_1" / "w.pt").write_bytes(b"weights")
+    j = job(root / "step_1" / "w.pt", "step_1/w.pt")
+    (root / "step_1").rename(root / "old")
+    (root / "step_1").symlink_to(secret.parent)  # same file name behind the link
+    r = PoolRig(Faulty(), root=root)
+    try:
+        with pytest.raises(NotBeneath, match="symlink"):
+            r.pool.upload_files([j], threading.Event())
+        assert r.backend.ops("put_file") == []
+    finally:
+        r.pool.close()
+
+
+def test_a_file_swapped_for_a_symlink_during_the_upload_is_not_read_through(
+    tmp_path: Path, secret: Path
+) -> None:
+    root = tmp_path / "watch"
+    root.mkdir()
+    (root / "w.pt").write_bytes(b"weights")
+    backend = SwapsDuringPut(root / "w.pt", secret)
+    r = PoolRig(backend, root=root)
+    try:
+        with pytest.raises(FileChanged):
+            r.pool.upload_files([job(root / "w.pt", "w.pt")], threading.Event())
+        assert b"SECRET" not in backend.get_bytes("w.pt"), "read through the swapped-in link"
+    finally:
+        r.pool.close()
+
+
+def test_an_other_file_under_a_folder_swapped_for_a_symlink_is_not_uploaded(
+    tmp_path: Path, secret: Path
+) -> None:
+    root = tmp_path / "watch"
+    (root / "logs").mkdir(parents=True)
+    (root / "logs" / "w.pt").write_bytes(b"a log")
+    entry = FileEntry("w.pt", root / "logs" / "w.pt", state_of(os.lstat(root / "logs" / "w.pt")))
+    item = CheckpointReady("logs/w.pt", EntryKind.OTHER, False, (entry,), None, 0.0, 0.0)
+    (root / "logs").rename(root / "old")
+    (root / "logs").symlink_to(secret.parent)
+    backend = Faulty()
+    failures: list[Exception] = []
+    loop = OtherFilesLoop(
+        backend,
+        CheckpointQueue(4, 1 << 30),
+        Catalog.load(backend),
+        Metrics(),
+        Backoff(attempts=2, initial=0.001, max_delay=0.005),
+        threading.Event(),
+        on_failure=lambda _, e: failures.append(e),
+        root=root,
+    )
+    loop.upload(item)
+    assert backend.ops("put_file") == []
+    assert len(failures) == 1 and isinstance(failures[0], NotBeneath)
