@@ -9,7 +9,9 @@ Guarantees:
 
 * Only keys that belong to a checkpoint name of the configured layout are candidates
   (``name``, ``name/...``, ``name@gN``, ``name@gN/...``); anything else in the destination is
-  not ours and is never touched, nor is anything under ``.ckpt-sidecar/``.
+  not ours and is never touched, nor is anything under ``.ckpt-sidecar/``, nor anything in
+  a first-level folder that holds a ``.ckpt-sidecar/`` of its own (another node's or run's
+  destination nested in this one).
 * The set of live keys comes from a fresh, complete listing of the manifests taken *before*
   the objects are listed. A manifest that cannot be read or parsed stops the sweep (its
   objects might be live); so does any storage error.
@@ -77,18 +79,29 @@ def sweep_orphans(
     live = {f.key for m in catalog.all() for f in m.files}
     cutoff = now() - older_than
     deleted: list[str] = []
+    candidates: list[tuple[str, float]] = []
+    foreign: set[str] = set()  # first folders holding another destination's bookkeeping
     try:
         for info in backend.list(""):
             if abort():
                 return SweepResult(tuple(deleted), "interrupted by new work")
+            first, _, rest = info.key.partition("/")
+            if f"{_OURS}/" in f"/{rest}" or rest.startswith(_OURS):
+                foreign.add(first)  # e.g. node-1/.ckpt-sidecar/...: another node's prefix
             owner = owner_name(info.key)
             if owner is None or info.key in live or not layout.matches(*owner):
                 continue
             if info.mtime is None or info.mtime > cutoff:
                 continue
-            backend.delete(info.key)
-            deleted.append(info.key)
-            log.info("orphans.deleted", key=info.key, age_hours=round((now() - info.mtime) / 3600))
+            candidates.append((info.key, info.mtime))
+        for key, mtime in candidates:
+            if key.partition("/")[0] in foreign:
+                continue
+            if abort():
+                return SweepResult(tuple(deleted), "interrupted by new work")
+            backend.delete(key)
+            deleted.append(key)
+            log.info("orphans.deleted", key=key, age_hours=round((now() - mtime) / 3600))
     except Exception as e:
         return SweepResult(tuple(deleted), f"sweep stopped: {e}")
     return SweepResult(tuple(deleted))

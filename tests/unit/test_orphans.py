@@ -92,8 +92,11 @@ def test_new_work_interrupts_the_sweep(tmp_path: Path) -> None:
     b = LocalBackend(tmp_path)
     for i in range(5):
         put(b, f"step_{i}/w.bin", 2 * DAY)
-    calls = iter([False, False, True])
-    result = sweep_orphans(b, PLAIN, older_than=DAY, abort=lambda: next(calls, True))
+
+    def after_two_deletes() -> bool:
+        return len([k for k in keys(b) if k.startswith("step_")]) <= 3
+
+    result = sweep_orphans(b, PLAIN, older_than=DAY, abort=after_two_deletes)
     assert len(result.deleted) == 2
     assert result.skipped_reason == "interrupted by new work"
     assert len([k for k in keys(b) if k.startswith("step_")]) == 3
@@ -133,3 +136,16 @@ def test_sweeper_is_off_at_zero_hours(tmp_path: Path) -> None:
     assert off.due_in() is None  # the idle commit loop then waits for work only
     off.maybe(abort=lambda: False)
     assert "step_2/w.bin" in keys(b)
+
+
+def test_a_destination_nested_in_this_one_is_never_swept(tmp_path: Path) -> None:
+    """Node 0 at s3://b/run, node 1 at s3://b/run/node-1, a layout where any folder is a
+    checkpoint: node 1's objects and manifests are not node 0's orphans."""
+    b = LocalBackend(tmp_path)
+    dcp = layout_for("torch-dcp")
+    put(b, "node-1/step_1/w.bin", 3 * DAY)
+    put(b, "node-1/.ckpt-sidecar/manifests/step_1.json", 3 * DAY, b"{}")
+    put(b, "step_7/w.bin", 3 * DAY)  # node 0's own orphan
+    result = sweep_orphans(b, dcp, older_than=DAY)
+    assert result.deleted == ("step_7/w.bin",)
+    assert keys(b) == {"node-1/step_1/w.bin", "node-1/.ckpt-sidecar/manifests/step_1.json"}
