@@ -78,7 +78,16 @@ def _download(
             f"object {f.key} is {info.size} bytes with CRC32C {info.crc32c}; "
             f"manifest says {f.size} bytes with CRC32C {f.crc32c}"
         )
+    _fsync(dest)  # on disk before it is named as restored (and cached as verified)
     return state_of(os.lstat(dest))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fetch(
@@ -96,6 +105,12 @@ def _fetch(
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         futs = {f: pool.submit(_download, backend, f, targets[f], progress) for f in m.files}
         states = {f: fut.result() for f, fut in futs.items()}
+    for folder in {t.parent for t in targets.values()} | {entry.parent}:
+        while True:  # every folder from the file's up to the work folder
+            _fsync(folder)
+            if folder == work:
+                break
+            folder = folder.parent
     return {targets[f]: (states[f], f.crc32c) for f in m.files}
 
 
@@ -130,6 +145,7 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
         os.replace(final, aside)
         log.info("restore.moved_aside", path=str(final), to=str(aside))
     os.replace(work / m.name, final)
+    _fsync(target)  # the rename itself
     if pointer:
         write_atomically(target, pointer, f"{m.name}\n".encode())
     return final

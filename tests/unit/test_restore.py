@@ -304,3 +304,26 @@ def test_progress_reports_every_byte(tmp_path: Path, backend: Backend, two_commi
     seen: list[int] = []
     restore(backend, tmp_path / "t", progress=seen.append)
     assert sum(seen) == sum(len(v) for v in STEP2.values())
+
+
+def test_every_restored_file_and_folder_is_on_disk_before_it_is_named(
+    tmp_path: Path, backend: Backend, two_commits: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after restore must not leave a file under its name whose bytes never reached
+    the disk (the state cache would take it as verified)."""
+    target = tmp_path / "restored"
+    target.mkdir()
+    synced: list[tuple[str, bool]] = []  # (what, was it already under its final name)
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append((where, (target / "step_2").exists()))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    restore(backend, target)
+    named = [w for w, placed in synced if placed]
+    before = {Path(w).name for w, placed in synced if not placed}
+    assert {"model.pt", "opt.pt", "extra.bin", "sub", "step_2"} <= before
+    assert str(target) in named, "the rename into place was not made durable"
