@@ -32,7 +32,7 @@ import structlog
 
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
 from sidecar.watch.handles import OpenHandles
-from sidecar.watch.layouts import Layout, is_temporary, name_problem, step_of
+from sidecar.watch.layouts import Layout, is_temporary, name_problem, read_pointer, step_of
 from sidecar.watch.scan import Snapshot, scan_entry
 
 __all__ = ["CompletionTracker", "EventKind"]
@@ -210,10 +210,7 @@ class CompletionTracker:
 
     def _pointer_target(self) -> None:
         assert self.layout.pointer_file
-        try:
-            target = (self.root / self.layout.pointer_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return
+        target = read_pointer(self.root / self.layout.pointer_file)
         if target and "/" not in target and not target.startswith("."):
             self._entry(target, EntryKind.CHECKPOINT).dirty = True
 

@@ -7,14 +7,24 @@ The table is DESIGN.md's: ``plain``, ``torch-dcp``, ``orbax``, ``deepspeed``, ``
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.model import FileState
 
-__all__ = ["MAX_NAME_BYTES", "Layout", "is_temporary", "layout_for", "name_problem", "step_of"]
+__all__ = [
+    "MAX_NAME_BYTES",
+    "Layout",
+    "is_temporary",
+    "layout_for",
+    "name_problem",
+    "read_pointer",
+    "step_of",
+]
 
 Snapshot = Mapping[str, FileState]
 Rule = Callable[[str, bool, Snapshot, Path], bool]
@@ -88,11 +98,32 @@ def _has(file_name: str) -> Rule:
     return rule
 
 
-def _deepspeed(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+MAX_POINTER_BYTES = 4096
+
+
+def read_pointer(path: Path) -> str | None:
+    """The stripped text of a pointer file such as DeepSpeed's ``latest``; None when it is
+    missing, unreadable, not UTF-8, over ``MAX_POINTER_BYTES``, or not a regular file (a
+    symlink is not followed; a FIFO there cannot block the watcher)."""
     try:
-        return is_dir and (root / "latest").read_text(encoding="utf-8").strip() == name
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_POINTER_BYTES + 1)
+        if len(data) > MAX_POINTER_BYTES:
+            return None
+        return data.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
-        return False
+        return None
+    finally:
+        os.close(fd)
+
+
+def _deepspeed(name: str, is_dir: bool, snap: Snapshot, root: Path) -> bool:
+    return is_dir and read_pointer(root / "latest") == name
 
 
 def layout_for(name: str, pattern: list[str] | None = None, marker: str | None = None) -> Layout:

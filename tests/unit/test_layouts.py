@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.model import FileState
-from sidecar.watch.layouts import is_temporary, layout_for, step_of
+from sidecar.watch.layouts import is_temporary, layout_for, read_pointer, step_of
 
 _S = FileState(size=1, mtime_ns=1, inode=1)
 
@@ -166,3 +167,23 @@ def test_folder_with_a_temporary_file_inside_is_never_complete(layout: str, tmp_
 def test_unknown_layout_is_refused() -> None:
     with pytest.raises(KeyError):
         layout_for("nemo")
+
+
+def test_deepspeed_latest_pointer_is_read_only_from_a_small_regular_file(tmp_path: Path) -> None:
+    """A FIFO must not block the watcher, a link is not followed, a huge file is not read."""
+    ds = layout_for("deepspeed")
+    snap = {"mp_rank_00_model_states.pt": FileState(1, 1, 1)}
+    latest = tmp_path / "latest"
+    latest.write_text("global_step5\n")
+    assert ds.complete("global_step5", True, snap, tmp_path)
+    latest.unlink()
+    os.mkfifo(latest)
+    assert read_pointer(latest) is None
+    assert not ds.complete("global_step5", True, snap, tmp_path)
+    latest.unlink()
+    (tmp_path / "elsewhere").write_text("global_step5\n")
+    latest.symlink_to(tmp_path / "elsewhere")
+    assert read_pointer(latest) is None
+    latest.unlink()
+    latest.write_text("global_step5" + " " * 10_000)
+    assert read_pointer(latest) is None
