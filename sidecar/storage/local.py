@@ -59,6 +59,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _make_folders(folder: Path) -> None:
+    """Create ``folder`` and the folders above it that are missing, each made durable in
+    its parent (fsync), so a crash cannot keep a file whose folder's name was lost."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            made.mkdir()
+        except FileExistsError:
+            continue  # another writer made it: its own fsync covers it
+        _fsync_dir(made.parent)
+
+
 class LocalBackend(Backend):
     """A destination folder on a mounted file system."""
 
@@ -76,7 +91,7 @@ class LocalBackend(Backend):
 
     def _tmp_beside(self, target: Path) -> Path:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_folders(target.parent)
         except OSError as e:
             raise _wrap(e, f"create folder {target.parent}") from e
         return target.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
