@@ -25,7 +25,7 @@ from azure.storage.blob import (
 )
 from urllib3.util.retry import Retry
 
-from sidecar.storage.base import PermanentError
+from sidecar.storage.base import DestinationRejected
 from sidecar.storage.blockwise import BlockwiseAdapter
 from sidecar.storage.http_env import ca_bundle, read_env_once
 from sidecar.storage.options import AzureOptions
@@ -81,7 +81,7 @@ def customer_key(opts: AzureOptions) -> CustomerProvidedEncryptionKey | None:
     except ValueError:
         raw = b""
     if len(raw) != 32:
-        raise PermanentError(
+        raise DestinationRejected(
             "destination.azure.customer_provided_key must be the base64 of a 32-byte AES-256 key"
         )
     digest = base64.b64encode(hashlib.sha256(raw).digest()).decode("ascii")
@@ -120,7 +120,7 @@ def _default_credential() -> Any:
     try:
         from azure.identity import DefaultAzureCredential
     except ImportError:
-        raise PermanentError(
+        raise DestinationRejected(
             "no Azure credential configured and azure-identity is not installed: set "
             "destination.azure.connection_string, account_key or sas_token (or "
             f"{_ENV_CONN}), or install the extra: pip install 'ckpt-sidecar[azure-identity]' "
@@ -132,7 +132,7 @@ def _default_credential() -> Any:
 def build_container_client(
     url: DestinationUrl, opts: AzureOptions, env: Mapping[str, str] = os.environ
 ) -> AzureTarget:
-    """The container client for ``url``; raises :class:`PermanentError` naming the fix."""
+    """The container client for ``url``; raises :class:`DestinationRejected` naming the fix."""
     transport = _transport(max(16, 4 * opts.max_concurrency))
     kwargs: dict[str, Any] = {
         "transport": transport,
@@ -141,7 +141,7 @@ def build_container_client(
         "max_chunk_get_size": DOWNLOAD_GET_BYTES,
     }
     if opts.account and url.account and opts.account != url.account:
-        raise PermanentError(
+        raise DestinationRejected(
             f"destination.url names Azure account {url.account!r} but destination.azure.account "
             f"is {opts.account!r}; remove one"
         )
@@ -154,19 +154,19 @@ def build_container_client(
         try:
             service = BlobServiceClient.from_connection_string(conn, **kwargs)
         except ValueError:
-            raise PermanentError(
+            raise DestinationRejected(
                 "the Azure connection string is malformed; copy it again from the portal "
                 "(Access keys) or `az storage account show-connection-string`"
             ) from None
         if account and service.account_name != account:
-            raise PermanentError(
+            raise DestinationRejected(
                 f"the Azure connection string is for account {service.account_name!r} but the "
                 f"destination names {account!r}; use the matching connection string"
             )
         read_env_once(transport.session, service.url)
         return AzureTarget(str(service.account_name), service.get_container_client(url.bucket))
     if not account and not opts.account_url:
-        raise PermanentError(
+        raise DestinationRejected(
             f"az://{url.bucket} needs the storage account: set destination.azure.account or "
             "AZURE_STORAGE_ACCOUNT, or use https://<account>.blob.core.windows.net/<container>"
         )

@@ -64,8 +64,9 @@ class PermanentError(StorageError):
 
 
 class DestinationRejected(PermanentError):
-    """The destination works but configuration forbids it (e.g. a region outside
-    ``destination.allowed_regions``); the daemon exits 2 with this message."""
+    """The destination's settings are wrong (a profile that does not exist, an endpoint or
+    region the SDK refuses, malformed or missing credentials settings) or forbid it (a region
+    outside ``destination.allowed_regions``); every command exits 2 with this message."""
 
 
 class ChecksumMismatch(StorageError):

@@ -15,7 +15,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 
-from sidecar.storage.base import PermanentError
+from sidecar.storage.base import DestinationRejected
 from sidecar.storage.blockwise import BlockwiseAdapter
 from sidecar.storage.http_env import read_env_once
 from sidecar.storage.options import GcsOptions
@@ -42,7 +42,7 @@ def _credentials(opts: GcsOptions, emulator: bool) -> tuple[Credentials, str | N
             if opts.credentials_file
             else "Application Default Credentials"
         )
-        raise PermanentError(
+        raise DestinationRejected(
             f"GCS credentials: {source} unusable ({type(e).__name__}); set "
             "destination.gcs.credentials_file to a service-account key file, or provide ADC "
             "(GKE Workload Identity, the VM's service account, GOOGLE_APPLICATION_CREDENTIALS)"
@@ -55,7 +55,7 @@ def connect(
 ) -> tuple[AuthorizedSession, storage.Client]:
     """One authorized session (a pool of ``POOL`` connections) and a client that uses it.
 
-    Raises :class:`PermanentError` when no credentials can be had.
+    Raises :class:`DestinationRejected` when no credentials can be had.
     """
     endpoint = None
     if emulator_host is not None:

@@ -13,7 +13,7 @@ import botocore.session
 from botocore.config import Config
 from botocore.handlers import convert_body_to_file_like_object
 
-from sidecar.storage.base import PermanentError
+from sidecar.storage.base import DestinationRejected
 from sidecar.storage.body import BLOCK, BytesBody
 from sidecar.storage.options import S3Options
 
@@ -40,7 +40,7 @@ EXPECT_CONTINUE_MIN_BYTES = 2 * 1024 * 1024
 
 
 def make_client(opts: S3Options, *, pool_size: int) -> Any:
-    """A thread-safe botocore S3 client. Raises :class:`PermanentError` on bad settings.
+    """A thread-safe botocore S3 client. Raises :class:`DestinationRejected` on bad settings.
 
     Payload SHA-256 signing is turned off unless the profile turns it on: every body
     carries a CRC32C that the store verifies, and over HTTPS botocore skips it anyway.
@@ -50,7 +50,7 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
     try:
         scoped = session.get_scoped_config().get("s3", {})
     except Exception as e:  # botocore ProfileNotFound and friends
-        raise PermanentError(
+        raise DestinationRejected(
             f"S3 profile {opts.profile or '(from AWS_PROFILE)'!r} cannot be used "
             f"({type(e).__name__}); fix destination.s3.profile or AWS_PROFILE"
         ) from e
@@ -70,7 +70,7 @@ def make_client(opts: S3Options, *, pool_size: int) -> Any:
     try:
         client = session.create_client("s3", **kwargs)
     except ValueError as e:  # botocore's InvalidEndpoint / InvalidRegion
-        raise PermanentError(
+        raise DestinationRejected(
             f"S3 client cannot be built: {e}; fix destination.s3.endpoint_url / region "
             "(or AWS_ENDPOINT_URL_S3 / AWS_REGION)"
         ) from e
