@@ -304,13 +304,24 @@ class Daemon:
                     wait=self.stop_event.wait,
                 )
             except PermanentError as e:
-                self.health.permanent_error = str(e)
-                log.error("storage.permanent_error", operation="list manifests", error=str(e))
+                self.health.permanent_error = msg = str(e)
+                self.metrics.errors.labels("list_manifests", type(e).__name__).inc()
+                if msg not in self.health.errors_seen:  # once per message; /readyz shows it
+                    self.health.errors_seen.add(msg)
+                    log.error(
+                        "storage.permanent_error",
+                        operation="list manifests",
+                        error=msg,
+                        action=f"retried every {_RETRY_LATER_SECONDS:.0f} s",
+                    )
                 self.stop_event.wait(_RETRY_LATER_SECONDS)
                 continue
             except TransientError as e:
                 log.warning("storage.unavailable", operation="list manifests", error=str(e))
                 continue
+            if self.health.permanent_error:
+                log.info("storage.recovered", operation="list manifests")
+                self.health.permanent_error = None
             newest = self.catalog.newest()
             if newest is not None and newest.step is not None:
                 self.metrics.last_step.set(newest.step)

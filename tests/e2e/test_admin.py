@@ -109,6 +109,19 @@ def test_readyz_reports_a_permanent_error(tmp_path: Path, daemons: list[Daemon])
         port = d.admin_port
         code, body = admin_get(port, "/readyz")
         assert code == 503 and json.loads(body)["problems"]
+        tries, tick = 0.0, threading.Event()
+        for _ in range(300):  # retried every 5 s: wait for a second try (no event to wait on)
+            tries = sum(
+                v
+                for k, v in scrape(port).items()
+                if k.startswith("ckpt_sidecar_errors_total{") and "operation=list_manifests" in k
+            )
+            if tries >= 2:
+                break
+            tick.wait(0.1)
+        assert tries >= 2
+        logged = [e["operation"] for e in d.named("storage.permanent_error")]
+        assert sorted(logged) == sorted(set(logged)), f"logged again on a retry: {logged}"
         assert d.terminate() in (0, 4)
     finally:
         (tmp_path / "ro").chmod(0o700)
