@@ -107,7 +107,10 @@ class DestinationConfig(_Section):
 
 class UploadConfig(_Section):
     concurrency: int = Field(default=4, ge=1, le=128)
-    part_size_bytes: int = Field(default=64 * MiB, ge=5 * MiB, le=5 * GiB)
+    part_size_bytes: int | None = Field(default=None, ge=5 * MiB, le=5 * GiB)
+    """When set: the part size of the destination's backend unless its own key is set
+    (``destination.s3.part_size_bytes``, ``gcs.xml_part_size_bytes``,
+    ``azure.block_size_bytes``); each of those defaults to 8 MiB."""
     max_bandwidth_bytes_per_second: int = Field(default=0, ge=0)
     stale_multipart_hours: float = Field(default=24.0, gt=0)
     max_attempts: int = Field(default=8, ge=1, le=1000)
@@ -185,6 +188,15 @@ class LogConfig(_Section):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+#: destination scheme -> (its section, its part-size key), for ``upload.part_size_bytes``
+_PART_SIZE_KEYS = {
+    "s3": ("s3", "part_size_bytes"),
+    "gs": ("gcs", "xml_part_size_bytes"),
+    "az": ("azure", "block_size_bytes"),
+    "https": ("azure", "block_size_bytes"),
+}
+
+
 class Config(_Section):
     """The whole configuration; every key is documented in ``config.example.yaml``."""
 
@@ -200,6 +212,28 @@ class Config(_Section):
     state: StateConfig = Field(default_factory=StateConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     shutdown_grace_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_part_size(cls, data: Any) -> Any:
+        """``upload.part_size_bytes`` becomes the destination backend's own part-size key
+        when that is not set, and is checked against that backend's limits there."""
+        if not isinstance(data, dict):
+            return data
+        upload, dest = data.get("upload"), data.get("destination")
+        size = upload.get("part_size_bytes") if isinstance(upload, dict) else None
+        if size is None or not isinstance(dest, dict):
+            return data
+        url = dest.get("url", DestinationConfig.model_fields["url"].default)
+        try:
+            scheme = parse_destination(str(url)).scheme
+        except DestinationUrlError:
+            return data  # the url's own check reports it
+        key = _PART_SIZE_KEYS.get(scheme)
+        section = dest.get(key[0], {}) if key else None
+        if key is None or not isinstance(section, dict) or key[1] in section:
+            return data
+        return {**data, "destination": {**dest, key[0]: {**section, key[1]: size}}}
 
     @property
     def state_dir(self) -> Path:

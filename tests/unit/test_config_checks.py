@@ -184,3 +184,41 @@ def test_a_deadline_or_interval_that_is_not_a_finite_sane_number_is_a_config_err
 ) -> None:
     with pytest.raises(ConfigError):
         load(None, env=env)
+
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("url", "section", "key"),
+    [
+        ("s3://bucket/run", "s3", "part_size_bytes"),
+        ("gs://bucket/run", "gcs", "xml_part_size_bytes"),
+        ("az://ckpt/run", "azure", "block_size_bytes"),
+    ],
+)
+def test_upload_part_size_is_the_backends_part_size_unless_its_own_key_is_set(
+    url: str, section: str, key: str
+) -> None:
+    env = {"CKPT_SIDECAR_DESTINATION__URL": url, "CKPT_SIDECAR_UPLOAD__PART_SIZE_BYTES": "16777216"}
+    cfg = load(None, env=env)
+    assert getattr(getattr(cfg.destination, section), key) == 16 * MiB
+    own = {f"CKPT_SIDECAR_DESTINATION__{section.upper()}__{key.upper()}": str(32 * MiB)}
+    cfg = load(None, env={**env, **own})
+    assert getattr(getattr(cfg.destination, section), key) == 32 * MiB
+    assert (
+        getattr(
+            getattr(load(None, env={"CKPT_SIDECAR_DESTINATION__URL": url}).destination, section),
+            key,
+        )
+        == 8 * MiB
+    )
+
+
+def test_upload_part_size_beyond_the_backends_limit_names_the_backends_key() -> None:
+    env = {
+        "CKPT_SIDECAR_DESTINATION__URL": "az://ckpt/run",
+        "CKPT_SIDECAR_UPLOAD__PART_SIZE_BYTES": str(4500 * MiB),
+    }
+    with pytest.raises(ConfigError, match="block_size_bytes"):
+        load(None, env=env)
