@@ -16,8 +16,13 @@ from pathlib import Path
 
 __all__ = ["NotBeneath", "open_beneath", "reopenable"]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# O_PATH: a handle, not an open file. It opens nothing (no FIFO can block it) and makes no
+# inotify open/close events of its own, so the watcher's count of open handles stays as a
+# plain read's; the reads go through reopenable(). A link at the end is opened as the link
+# itself, which the S_ISREG check refuses.
+_PATH = getattr(os, "O_PATH", os.O_RDONLY)
+_DIR_FLAGS = _PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = _PATH | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _PROC_FD = Path("/proc/self/fd")
 
 
@@ -26,7 +31,8 @@ class NotBeneath(OSError):
 
 
 def open_beneath(root: Path, path: Path) -> int:
-    """A read-only descriptor of the regular file ``path``; the caller closes it.
+    """A descriptor (``O_PATH``: for :func:`reopenable` and ``fstat``, not for reading) of
+    the regular file ``path``; the caller closes it.
 
     Raises :class:`NotBeneath` when a name on the way is a symlink or ``path`` is not under
     ``root`` or not a regular file, ``FileNotFoundError`` when it is gone, ``OSError`` else.
@@ -37,14 +43,17 @@ def open_beneath(root: Path, path: Path) -> int:
         raise NotBeneath(errno.EXDEV, "not under the watch folder", str(path)) from None
     if not parts:
         raise NotBeneath(errno.EISDIR, "the watch folder itself", str(path))
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(root, _PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(parts):
             last = i == len(parts) - 1
             inner = _open_at(fd, name, _FILE_FLAGS if last else _DIR_FLAGS, path)
             os.close(fd)
             fd = inner
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISLNK(mode):
+            raise NotBeneath(errno.ELOOP, "a symlink, not followed", str(path))
+        if not stat.S_ISREG(mode):
             raise NotBeneath(errno.EINVAL, "not a regular file", str(path))
     except BaseException:
         os.close(fd)
