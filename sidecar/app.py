@@ -128,7 +128,7 @@ class Daemon:
             poll_mode=self.mode == "poll",
             on_symlink=self._on_symlink,
             on_skip=self._on_skip,
-            on_unreadable=lambda path, why: self._warn_once("watch.unreadable", str(path), why),
+            on_unreadable=self._on_unreadable,
         )
         self.watcher = Watcher(
             tracker,
@@ -169,6 +169,11 @@ class Daemon:
             str(path),
             "symlinks are never followed; copy the file into the folder",
         )
+
+    def _on_unreadable(self, path: Path, reason: str) -> None:
+        """Counted at every look (every few seconds), logged once."""
+        self.metrics.errors.labels("watch", "PermissionError").inc()
+        self._warn_once("watch.unreadable", str(path), reason)
 
     def _on_skip(self, path: Path, reason: str) -> None:
         self._warn_once("watch.name_skipped", repr(str(path)), reason)

@@ -41,6 +41,7 @@ log = structlog.get_logger("sidecar.watch")
 
 RESTORE_ASIDE = ".replaced-"  # restore --force moves an entry aside to <name>.replaced-<time>
 _MIN_RESCAN = 0.1  # seconds between two scans of one entry
+UNREADABLE_RETRY_SECONDS = 5.0  # an entry with something unreadable is looked at this often
 #: the least time counted open handles may hold an unchanged entry back (see the docstring)
 MIN_OPEN_HOLD_SECONDS = 60.0
 EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
@@ -57,6 +58,7 @@ class _Entry:
     emitted_at: float = float("-inf")
     last_scan: float = float("-inf")
     is_dir: bool = False  # known from its first judgement on
+    retry_at: float = 0.0  # something in it could not be read: look again then, not sooner
 
 
 class CompletionTracker:
@@ -204,8 +206,9 @@ class CompletionTracker:
             self.on_unreadable(
                 path,
                 f"{what} is not readable by the sidecar's user (uid {os.getuid()}), so "
-                "its entry is not uploaded; give the trainer and the sidecar a shared group "
-                "(Kubernetes fsGroup) or move it out of the watch folder",
+                "its entry is not uploaded until it is (looked at again every "
+                f"{UNREADABLE_RETRY_SECONDS:.0f} s); give the trainer and the sidecar a shared "
+                "group (Kubernetes fsGroup) or move it out of the watch folder",
             )
 
     def _pointer_target(self) -> None:
@@ -256,6 +259,8 @@ class CompletionTracker:
         return min(times) if times else None
 
     def _deadline(self, key: str, e: _Entry) -> float:
+        if e.retry_at:
+            return e.retry_at
         if e.snapshot is None:
             return e.last_scan + _MIN_RESCAN if e.last_scan > float("-inf") else self.clock()
         if self.writers(key) > 0:
@@ -272,7 +277,7 @@ class CompletionTracker:
         ready: list[CheckpointReady] = []
         for key in list(self.entries):
             e = self.entries[key]
-            if not e.dirty:
+            if not e.dirty or e.retry_at > now:
                 continue
             if e.kind is EntryKind.OTHER and not self.other_files:
                 del self.entries[key]
@@ -282,8 +287,9 @@ class CompletionTracker:
                 snap = scan_entry(self.root / key, self.on_symlink)
             except PermissionError as err:  # e.g. a root-owned lost+found: skip, keep watching
                 self._unreadable(Path(err.filename or self.root / key), "this folder")
-                e.dirty = self.poll_mode
+                e.retry_at = now + UNREADABLE_RETRY_SECONDS
                 continue
+            e.retry_at = 0.0
             if snap is None or (e.kind is EntryKind.OTHER and not snap):
                 del self.entries[key]
                 continue
@@ -322,9 +328,9 @@ class CompletionTracker:
         locked = next(
             (r for r in snap if not os.access(base / r if is_dir else base, os.R_OK)), None
         )
-        if locked is not None:  # uploading it could only fail, again and again
+        if locked is not None:  # uploading it could only fail; look again in a while
             self._unreadable(base / locked if is_dir else base, "this file")
-            e.dirty = self.poll_mode
+            e.retry_at = now + UNREADABLE_RETRY_SECONDS
             return None
         if e.kind is EntryKind.CHECKPOINT:
             if not self.layout.complete(key, is_dir, snap, self.root):
