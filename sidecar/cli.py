@@ -23,6 +23,7 @@ from sidecar import __version__
 from sidecar.client import open_admin
 from sidecar.config import Config, ConfigError, load, redacted
 from sidecar.logging import configure
+from sidecar.shown import shown
 from sidecar.storage.base import Backend, DestinationRejected, StorageError
 from sidecar.storage.registry import open_backend
 from sidecar.storage.url import DestinationUrlError
@@ -162,13 +163,14 @@ def _list(args: argparse.Namespace, backend: Backend) -> int:
         print(json.dumps(rows, indent=1))
         return EXIT_OK
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"committed checkpoints in {backend.url}")
     for col in ("name", "generation", "step", "sequence", "files", "bytes", "committed_at"):
         table.add_column(col)
     for r in rows:
-        table.add_row(*("" if v is None else str(v) for v in r.values()))
+        table.add_row(*("" if v is None else escape(shown(str(v))) for v in r.values()))
     Console().print(table)
     return EXIT_OK
 
@@ -191,10 +193,10 @@ def _verify(args: argparse.Namespace, backend: Backend) -> int:
         for m in items:
             try:
                 verify_manifest(backend, m, deep=args.deep, tmp_dir=Path(tmp))
-                print(f"ok      {m.name} (generation {m.generation}, {len(m.files)} files)")
+                print(shown(f"ok      {m.name} (generation {m.generation}, {len(m.files)} files)"))
             except VerifyFailed as e:
                 bad += 1
-                print(f"FAILED  {m.name} (generation {m.generation}): {e}")
+                print(shown(f"FAILED  {m.name} (generation {m.generation}): {e}"))
     return EXIT_ERROR if bad else EXIT_OK
 
 

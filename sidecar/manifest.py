@@ -115,8 +115,6 @@ def _safe(value: str, where: str) -> str:
         raise ManifestError(f"{where}: {e}") from None
     except UnicodeEncodeError:
         raise ManifestError(f"{where}: {value!r} is not valid Unicode text") from None
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):  # printed by list and restore
-        raise ManifestError(f"{where}: {value!r} contains a control character")
     return value
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from sidecar.config import Config
 from sidecar.manifest import Manifest
 from sidecar.restore import NoneVerifies, NothingToRestore, TargetExists, restore
+from sidecar.shown import shown
 from sidecar.state import StateCache
 from sidecar.storage.base import Backend
 
@@ -22,6 +23,7 @@ def restore_command(args: argparse.Namespace, cfg: Config, backend: Backend) -> 
     on_start: Callable[[Manifest], None] | None = None
     bar = None
     if sys.stderr.isatty():
+        from rich.markup import escape
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -39,7 +41,7 @@ def restore_command(args: argparse.Namespace, cfg: Config, backend: Backend) -> 
         task = bar.add_task("restore", total=None)
 
         def start(m: Manifest) -> None:
-            bar.reset(task, total=m.size, description=m.name)
+            bar.reset(task, total=m.size, description=escape(shown(m.name)))
 
         def advance(n: int) -> None:
             bar.advance(task, n)
@@ -58,18 +60,21 @@ def restore_command(args: argparse.Namespace, cfg: Config, backend: Backend) -> 
             on_start=on_start,
         )
     except NothingToRestore as e:
-        print(f"ckpt-sidecar: {e}", file=sys.stderr)
+        print(shown(f"ckpt-sidecar: {e}"), file=sys.stderr)
         return 0 if args.allow_empty else 3
     except (NoneVerifies, TargetExists) as e:
-        print(f"ckpt-sidecar: {e}", file=sys.stderr)
+        print(shown(f"ckpt-sidecar: {e}"), file=sys.stderr)
         return 1
     finally:
         if bar is not None:
             bar.stop()
     for name, reason in result.skipped:
-        print(f"ckpt-sidecar: skipped {name}: {reason}", file=sys.stderr)
+        print(shown(f"ckpt-sidecar: skipped {name}: {reason}"), file=sys.stderr)
     m = result.manifest
     print(
-        f"restored {m.name} (step {m.step}, {len(m.files)} files, {m.size} bytes) to {result.path}"
+        shown(
+            f"restored {m.name} (step {m.step}, {len(m.files)} files, {m.size} bytes) "
+            f"to {result.path}"
+        )
     )
     return 0

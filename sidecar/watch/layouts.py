@@ -54,8 +54,6 @@ def name_problem(name: str) -> str | None:
         return f"the name is longer than {MAX_NAME_BYTES} bytes; shorten it"
     if "\\" in name:
         return "the name contains a backslash; rename it"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "the name contains a control character; rename it"
     return None
 
 

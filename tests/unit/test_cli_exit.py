@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from sidecar import cli
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_before() -> Iterator[None]:
+    """``cli.main`` points the logs at this test's captured stderr; later tests need them back."""
+    yield
+    structlog.reset_defaults()
 
 
 def test_an_s3_profile_that_does_not_exist_exits_2(
