@@ -53,6 +53,7 @@ from sidecar.storage.buffers import PartBuffers
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import AzureOptions
+from sidecar.storage.source import open_source
 from sidecar.storage.url import DestinationUrl
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class AzureBackend(Backend):
         return ObjectInfo(key=key, size=int(props.size), crc32c=crc, mtime=mtime)
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
-        with open(path, "rb") as f:
+        with open_source(path) as f:
             size = os.fstat(f.fileno()).st_size
             if size <= min(SINGLE_PUT_MAX, self._opts.block_size_bytes):
                 return self._put_single(key, f, size, progress)

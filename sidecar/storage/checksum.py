@@ -14,6 +14,8 @@ from typing import BinaryIO, TypeAlias
 
 from awscrt import checksums as _crt
 
+from sidecar.storage.source import open_source
+
 __all__ = ["CHUNK", "Crc32c", "crc32c_of_bytes", "crc32c_of_file", "read_chunks"]
 
 CHUNK = 1024 * 1024
@@ -56,7 +58,7 @@ def crc32c_of_bytes(data: Buffer) -> str:
 def crc32c_of_file(path: Path) -> str:
     """Read ``path`` once, streaming. Raises ``OSError``."""
     c = Crc32c()
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         for chunk in read_chunks(f):
             c.update(chunk)
     return c.b64()

@@ -49,6 +49,7 @@ from sidecar.storage.gcs_resumable import upload_resumable
 from sidecar.storage.gcs_xml import abort_stale_uploads, upload_xml_multipart
 from sidecar.storage.keys import check_key
 from sidecar.storage.options import GcsOptions
+from sidecar.storage.source import open_source
 from sidecar.storage.url import DestinationUrl
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class GcsBackend(Backend):
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
         name = self._name(key)
-        with open(path, "rb") as f:
+        with open_source(path) as f:
             size = os.fstat(f.fileno()).st_size
             if size <= min(SIMPLE_MAX, self.options.chunk_size_bytes or SIMPLE_MAX):
                 data = f.read(size)

@@ -30,6 +30,7 @@ from sidecar.storage.base import (
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.keys import check_key
 from sidecar.storage.local_copy import WriteError, copy_with_crc, drop_cached
+from sidecar.storage.source import open_source
 
 __all__ = ["TMP_PREFIX", "LocalBackend"]
 
@@ -123,7 +124,7 @@ class LocalBackend(Backend):
         target = self._path(key)
         tmp = self._tmp_beside(target)
         try:
-            with open(path, "rb") as src:
+            with open_source(path) as src:
                 try:
                     dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
                 except OSError as e:

@@ -17,6 +17,7 @@ from sidecar.storage.base import (
 )
 from sidecar.storage.checksum import Crc32c, crc32c_of_bytes, read_chunks
 from sidecar.storage.keys import check_key
+from sidecar.storage.source import open_source
 
 __all__ = ["MemoryBackend"]
 
@@ -45,7 +46,7 @@ class MemoryBackend(Backend):
         check_key(key)
         buf = bytearray()
         crc = Crc32c()
-        with open(path, "rb") as f:
+        with open_source(path) as f:
             for chunk in read_chunks(f):
                 crc.update(chunk)
                 buf += chunk

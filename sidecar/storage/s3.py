@@ -46,6 +46,7 @@ from sidecar.storage.s3_multipart import (
     copy_in_parts,
     upload_in_parts,
 )
+from sidecar.storage.source import open_source
 from sidecar.storage.url import DestinationUrl
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ def _read_small(
     """A whole file below the multipart threshold, read into ``buf`` (a view of it), and its
     CRC32C. A file that grew past ``buf`` is read to its end into new ``bytes``."""
     crc = Crc32c()
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         n = read_into(f, memoryview(buf), crc)
         body: memoryview | bytes = memoryview(buf)[:n]
         if n == len(buf):

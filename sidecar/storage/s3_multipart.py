@@ -27,6 +27,7 @@ from sidecar.storage.buffers import PartBuffers, read_into
 from sidecar.storage.checksum import Crc32c
 from sidecar.storage.parts import send_parts
 from sidecar.storage.s3_errors import StoreRejectedChecksum, map_error
+from sidecar.storage.source import open_source
 
 __all__ = [
     "BAD_DIGEST_ATTEMPTS",
@@ -166,7 +167,7 @@ def upload_in_parts(
     whole = Crc32c()
     total = number = 0
     parts: list[dict[str, Any]] = []
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         upload_id = _create(t)
 
         def next_part() -> tuple[int, bytearray, memoryview, str] | None:

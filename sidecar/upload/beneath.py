@@ -1,29 +1,33 @@
-"""Opening a file of the watch folder without following a symlink on the way to it.
+"""Reaching a file of the watch folder without following a symlink on the way to it.
 
-``open_beneath(root, path)`` walks from ``root`` to ``path`` one name at a time with
-``O_NOFOLLOW``, so a symlink anywhere beneath the root (a folder swapped for a link after
-it was scanned included) is refused instead of leading out of it; the root itself may be
-reached through links (the operator chose it). The caller reads the file it got through
-:func:`reopenable`, a name for that very file that a later swap of ``path`` cannot redirect.
+``open_beneath(root, path)`` walks from ``root`` to the folder holding ``path`` one name at a
+time with ``O_NOFOLLOW``, so a symlink anywhere beneath the root (a folder swapped for a link
+after it was scanned included) is refused instead of leading out of it; the root itself may
+be reached through links (the operator chose it). It returns a handle on that folder
+(``O_PATH``: it opens nothing, so it makes no open/close event the watcher would count; the
+watcher ignores folders' events anyway). :func:`reopenable` names the file inside that very
+folder (``/proc/self/fd/N/<name>``), which a later swap of a folder cannot redirect, and
+:func:`~sidecar.storage.source.open_source`, which every backend reads with, refuses a link at
+the last name. So the bytes uploaded are those of a regular file beneath the root, read
+with one ordinary open per read, as without this module.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["NotBeneath", "open_beneath", "reopenable"]
+__all__ = ["NotBeneath", "open_beneath", "reopenable", "stat_beneath"]
 
-# O_PATH: a handle, not an open file. It opens nothing (no FIFO can block it) and makes no
-# inotify open/close events of its own, so the watcher's count of open handles stays as a
-# plain read's; the reads go through reopenable(). A link at the end is opened as the link
-# itself, which the S_ISREG check refuses.
 _PATH = getattr(os, "O_PATH", os.O_RDONLY)
 _DIR_FLAGS = _PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = _PATH | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _PROC_FD = Path("/proc/self/fd")
+T = TypeVar("T")
 
 
 class NotBeneath(OSError):
@@ -31,48 +35,53 @@ class NotBeneath(OSError):
 
 
 def open_beneath(root: Path, path: Path) -> int:
-    """A descriptor (``O_PATH``: for :func:`reopenable` and ``fstat``, not for reading) of
-    the regular file ``path``; the caller closes it.
-
-    Raises :class:`NotBeneath` when a name on the way is a symlink or ``path`` is not under
-    ``root`` or not a regular file, ``FileNotFoundError`` when it is gone, ``OSError`` else.
-    """
+    """A handle on the folder holding ``path``, once ``path`` is found there as a regular
+    file; the caller closes it. Raises :class:`NotBeneath` when a name on the way (``path``'s
+    own included) is a symlink, or ``path`` is not under ``root`` or not a regular file;
+    ``FileNotFoundError`` when it is gone; ``OSError`` else. Errors name ``path`` whole."""
     try:
         parts = path.relative_to(root).parts
     except ValueError:
         raise NotBeneath(errno.EXDEV, "not under the watch folder", str(path)) from None
     if not parts:
         raise NotBeneath(errno.EISDIR, "the watch folder itself", str(path))
-    fd = os.open(root, _PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = _named(path, lambda: os.open(root, _PATH | os.O_DIRECTORY | os.O_CLOEXEC))
     try:
-        for i, name in enumerate(parts):
-            last = i == len(parts) - 1
-            inner = _open_at(fd, name, _FILE_FLAGS if last else _DIR_FLAGS, path)
+        for name in parts[:-1]:
+            inner = _named(path, functools.partial(os.open, name, _DIR_FLAGS, dir_fd=fd), name)
             os.close(fd)
             fd = inner
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISLNK(mode):
-            raise NotBeneath(errno.ELOOP, "a symlink, not followed", str(path))
-        if not stat.S_ISREG(mode):
-            raise NotBeneath(errno.EINVAL, "not a regular file", str(path))
+        stat_beneath(fd, path)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _open_at(dir_fd: int, name: str, flags: int, path: Path) -> int:
+def stat_beneath(folder_fd: int, path: Path) -> os.stat_result:
+    """``lstat`` of ``path``'s name in the folder ``open_beneath`` returned; raises as it."""
+    st = _named(path, lambda: os.stat(path.name, dir_fd=folder_fd, follow_symlinks=False))
+    if stat.S_ISLNK(st.st_mode):
+        raise NotBeneath(errno.ELOOP, "a symlink, not followed", str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise NotBeneath(errno.EINVAL, "not a regular file", str(path))
+    return st
+
+
+def _named(path: Path, call: Callable[[], T], name: str | None = None) -> T:
+    """``call()``; its ``OSError`` naming ``path`` whole (not the one name it met), and a
+    link met at folder ``name`` on the way as :class:`NotBeneath`."""
     try:
-        return os.open(name, flags, dir_fd=dir_fd)
+        return call()
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW met a link
+        if name is not None and e.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW met a link
             raise NotBeneath(
                 e.errno, f"a symlink on the way from the watch folder ({name})", str(path)
             ) from None
-        raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None
 
 
-def reopenable(fd: int, path: Path) -> Path:
-    """A path that opens the file behind ``fd`` itself (``/proc/self/fd/N``); ``path`` where
-    there is no /proc (then only the check at open stands)."""
-    return _PROC_FD / str(fd) if _PROC_FD.is_dir() else path
+def reopenable(folder_fd: int, path: Path) -> Path:
+    """A path to ``path``'s name inside the folder behind ``folder_fd``; ``path`` itself
+    where there is no /proc (then only the checks at :func:`open_beneath` stand)."""
+    return _PROC_FD / str(folder_fd) / path.name if _PROC_FD.is_dir() else path

@@ -32,7 +32,7 @@ from sidecar.state import StateCache
 from sidecar.storage.base import Backend, Cancelled, ObjectInfo, StorageError
 from sidecar.storage.checksum import crc32c_of_file
 from sidecar.upload.bandwidth import BandwidthLimiter
-from sidecar.upload.beneath import open_beneath, reopenable
+from sidecar.upload.beneath import open_beneath, reopenable, stat_beneath
 from sidecar.upload.retry import Backoff, retry
 from sidecar.upload.throughput import ThroughputMeter
 from sidecar.watch.scan import state_of
@@ -139,10 +139,10 @@ class UploaderPool:
     def _read_and_send(
         self, job: FileJob, cancel: threading.Event, path: Path, fd: int | None
     ) -> UploadResult:
-        """Reads the file through ``fd`` (opened beneath the root) when there is one, so a
-        name swapped for a symlink meanwhile cannot redirect a read."""
+        """Reads the file through its folder ``fd`` (reached beneath the root) when there is
+        one, so a name swapped for a symlink meanwhile cannot redirect a read."""
         source = path if fd is None else reopenable(fd, path)
-        before = state_of(os.lstat(path) if fd is None else os.fstat(fd))
+        before = state_of(os.lstat(path) if fd is None else stat_beneath(fd, path))
         if before != job.file.state:
             raise FileChanged(f"{path} changed after it was judged complete")
         copied = self._try_copy(job, before, source)
@@ -160,6 +160,10 @@ class UploaderPool:
                 on_retry=lambda n, e, d: self.note_retry("put_file", job.key, n, e, d),
                 wait=self.stop.wait,
             )
+        except OSError as e:
+            if e.filename == str(source):  # the operator needs the file's own name
+                e.filename = str(path)
+            raise
         except StorageError as e:
             if not isinstance(e, Cancelled):
                 self.metrics.files_uploaded.labels(self.backend.scheme, "error").inc()
@@ -170,8 +174,6 @@ class UploaderPool:
             self.metrics.in_flight_bytes.dec(sent)
             self._give_back(before.size)
         after = state_of(os.lstat(path))  # the name still names that file, unchanged
-        if fd is not None and state_of(os.fstat(fd)) != before:
-            after = state_of(os.fstat(fd))
         if after != before or info.size != before.size or info.crc32c is None:
             self.metrics.files_uploaded.labels(self.backend.scheme, "changed").inc()
             raise FileChanged(f"{path} changed while it was uploaded")
