@@ -50,6 +50,7 @@ class DrainController:
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
         self.notice: Notice | None = None
+        self._until = float("-inf")  # monotonic end of the drain: the latest deadline in it
         self.exit_code = 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -58,11 +59,11 @@ class DrainController:
 
     @property
     def state(self) -> str:
-        """``draining`` from a notice until its deadline, else ``running``: a drain whose
-        deadline passed while the daemon still runs (SIGUSR1, ``POST /v1/drain``, a notice
-        the cloud did not act on) is over, and the next notice starts a new one."""
-        n = self.notice
-        return "draining" if n is not None and time.monotonic() < n.deadline_mono else "running"
+        """``draining`` from a notice until the latest deadline of the notices that came
+        during it, else ``running``: a drain whose deadlines all passed while the daemon still
+        runs (SIGUSR1, ``POST /v1/drain``, a notice the cloud did not act on) is over, and the
+        next notice starts a new one. ``notice`` is the one with the earliest deadline."""
+        return "draining" if time.monotonic() < self._until else "running"
 
     def notice_json(self) -> dict[str, str] | None:
         n = self.notice
@@ -102,10 +103,12 @@ class DrainController:
                 self.d.limiter.lift()
                 return
             first = self.state == "running"
-            if first or self.notice is None or notice.deadline_mono < self.notice.deadline_mono:
+            earlier = self.notice is None or notice.deadline_mono < self.notice.deadline_mono
+            if first or earlier:
                 self.notice = notice
-        if first:
-            self._tell_trainer()  # first: the trainer's emergency checkpoint is the priority
+            self._until = notice.deadline_mono if first else max(self._until, notice.deadline_mono)
+        if first or earlier:  # the trainer hears of a drain, and of any earlier deadline
+            self._tell_trainer()  # the trainer's emergency checkpoint is the priority
         log.warning(
             "drain.started",
             source=notice.source,

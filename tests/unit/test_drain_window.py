@@ -1,0 +1,101 @@
+"""A drain lasts until the latest deadline of the notices that came during it; the trainer
+hears of the drain and of every earlier deadline; a notice after the drain starts a new one."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from structlog.testing import capture_logs
+
+from sidecar.drain import NOTICE_FILE, DrainController
+from sidecar.metrics import Metrics
+from sidecar.model import Notice
+from sidecar.queue import CheckpointQueue
+from sidecar.unprotected import Unprotected
+from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.throughput import ThroughputMeter
+
+
+def _daemon(root: Path) -> Any:
+    """The parts of a daemon a drain reads, idle: nothing queued, nothing in flight."""
+    cfg = SimpleNamespace(
+        watch=SimpleNamespace(path=root, settle_seconds=0.1),
+        preemption=SimpleNamespace(notify_signal=None, notify_pid_file=None),
+    )
+    return SimpleNamespace(
+        cfg=cfg,
+        metrics=Metrics(),
+        limiter=BandwidthLimiter(0),
+        queue=CheckpointQueue(4, 1 << 30),
+        pending=Unprotected(),
+        lock=threading.Lock(),
+        current=None,
+        current_cancel=threading.Event(),
+        current_start_bytes=0,
+        pool=SimpleNamespace(meter=ThroughputMeter()),
+        health=SimpleNamespace(watching=True),
+        watcher=SimpleNamespace(rescan=lambda: None),
+        last_committed=None,
+        request_stop=lambda: None,
+    )
+
+
+def _notice(name: str, seconds: float) -> Notice:
+    now, mono = time.time(), time.monotonic()
+    return Notice("signal", name, now + seconds, now, mono + seconds, event_id=name)
+
+
+def _told(root: Path) -> str:
+    try:
+        return str(json.loads((root / NOTICE_FILE).read_text())["kind"])
+    except FileNotFoundError:
+        return ""
+
+
+def _in_turn(
+    drain: DrainController, logs: list[MutableMapping[str, Any]], *notices: Notice
+) -> None:
+    """Each notice's drain starts on its own thread, as the daemon's do; returns once each
+    has logged ``drain.started`` (after telling the trainer, when it does)."""
+    for n in notices:
+        threading.Thread(target=drain.start, args=(n,), kwargs={"exit_after": False}).start()
+        while not any(e["event"] == "drain.started" and e["kind"] == n.kind for e in logs):
+            time.sleep(0.01)
+
+
+def test_a_later_notice_during_a_drain_keeps_it_draining_until_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """A preStop drain of 1 s, then the cloud's own notice of 4 s: still a drain at 2 s."""
+    drain = DrainController(cast("Any", _daemon(tmp_path)))
+    with capture_logs() as logs:
+        _in_turn(drain, logs, _notice("prestop", 1.0), _notice("aws", 4.0))
+    assert drain.state == "draining" and _told(tmp_path) == "prestop"
+    time.sleep(2.0)  # past the first deadline: there is nothing to wait on but the clock
+    assert drain.state == "draining", "the cloud's deadline is still ahead"
+
+
+def test_an_earlier_deadline_is_told_to_the_trainer_and_a_passed_one_ends_nothing(
+    tmp_path: Path,
+) -> None:
+    drain = DrainController(cast("Any", _daemon(tmp_path)))
+    with capture_logs() as logs:
+        _in_turn(drain, logs, _notice("usr1", 3.0), _notice("azure", -1.0))
+    assert _told(tmp_path) == "azure", "the trainer was not told of the earlier deadline"
+    assert drain.state == "draining", "a notice already past ended the drain"
+
+
+def test_a_notice_after_the_drain_starts_a_new_one(tmp_path: Path) -> None:
+    drain = DrainController(cast("Any", _daemon(tmp_path)))
+    with capture_logs() as logs:
+        _in_turn(drain, logs, _notice("usr1", 0.3))
+        time.sleep(0.6)  # past its deadline: there is nothing to wait on but the clock
+        assert drain.state == "running"
+        _in_turn(drain, logs, _notice("terminate", 5.0))
+    assert drain.state == "draining" and _told(tmp_path) == "terminate"
