@@ -73,6 +73,19 @@ def _written_after(item: CheckpointReady, manifest: Manifest) -> bool:
     return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
 
 
+def _newer_here(item: CheckpointReady, manifests: list[Manifest]) -> bool:
+    """True when a committed checkpoint that orders above ``item`` is also in ``item``'s
+    watch folder: the trainer wrote something newer here and it is durable (Lightning's
+    ``last.ckpt`` beside its committed ``epoch=...-step=N.ckpt``), so ``item`` is covered.
+    Not so for a new run in an old destination, whose newer commits are elsewhere."""
+    if not item.files:
+        return False
+    f = item.files[0]
+    entry = f.path.parents[len(Path(f.rel).parts) - 1] if item.is_dir else f.path
+    mine = item.order()[0]
+    return any(m.order()[0] > mine and os.path.lexists(entry.parent / m.name) for m in manifests)
+
+
 class Committer:
     """Runs on the daemon's single commit thread; raises what the pool raises."""
 
@@ -142,12 +155,13 @@ class Committer:
         return Outcome.ALREADY
 
     def _outranked(self, item: CheckpointReady, manifests: list[Manifest]) -> Outcome:
-        """Not uploaded. An old local copy (no file written after the newest commit, e.g.
-        found again after a restart) is covered by the newer durable checkpoints. One the
-        trainer wrote after them (a new run in an old destination, a name without a step)
-        is not durable: it stays unprotected, so the gauge and a drain say so."""
+        """Not uploaded. It is covered by the newer durable checkpoints when it is an old
+        local copy (no file written after the newest commit, e.g. found again after a
+        restart) or one of them is in the watch folder too (a name without a step beside
+        stepped ones). Otherwise (a new run in an old destination) it is not durable: it
+        stays unprotected, so the gauge and a drain say so."""
         newest = max(manifests, key=Manifest.order)
-        if not _written_after(item, newest):
+        if not _written_after(item, newest) or _newer_here(item, manifests):
             if self.on_committed is not None:
                 self.on_committed(item)
             log.info(

@@ -424,10 +424,12 @@ def _outrank_rig(tmp_path: Path, backend: Recording, rigs: list[Rig]) -> tuple[R
 
 
 @pytest.mark.parametrize("name", ["ckpt_20.pt", "emergency.pt"])
-def test_an_outranked_checkpoint_written_after_the_newest_commit_is_not_reported_durable(
+def test_an_outranked_checkpoint_of_a_new_run_in_an_old_destination_is_not_reported_durable(
     tmp_path: Path, backend: Recording, rigs: list[Rig], name: str
 ) -> None:
     rig, durable = _outrank_rig(tmp_path, backend, rigs)
+    for old in ("ckpt_500.pt", "ckpt_400.pt"):  # the earlier run's, on another machine
+        (tmp_path / old).unlink()
     (tmp_path / name).write_bytes(b"written by this run, after the commits")
     with capture_logs() as logs:
         assert rig.commit(ready(tmp_path, name)) is Outcome.OUTRANKED
@@ -467,3 +469,16 @@ def test_a_manifest_that_does_not_parse_is_never_written_over(
     m = manifest_at(backend, manifest_key("step_1", 1))
     assert [f.key for f in m.files] == ["step_1@g1/w.pt"]
     assert any(e["event"] == "checkpoint.manifest_conflict" for e in logs)
+
+
+def test_a_checkpoint_without_a_step_beside_committed_stepped_ones_is_covered(
+    tmp_path: Path, backend: Recording, rigs: list[Rig]
+) -> None:
+    """Lightning's ``last.ckpt``, saved again after ``epoch=..-step=N.ckpt`` is committed:
+    the newest complete checkpoint here is durable, so a drain must say so."""
+    rig, durable = _outrank_rig(tmp_path, backend, rigs)
+    (tmp_path / "last.ckpt").write_bytes(b"the same weights again")
+    with capture_logs() as logs:
+        assert rig.commit(ready(tmp_path, "last.ckpt")) is Outcome.OUTRANKED
+    assert durable == ["last.ckpt"]
+    assert [e["log_level"] for e in logs if e["event"] == "checkpoint.outranked"] == ["info"]
