@@ -280,9 +280,10 @@ def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tupl
 
 
 def _env_list(name: str, key: str, raw: str) -> Any:
-    """A JSON list (``["a", "b"]``) or comma-separated values (``a, b``)."""
+    """A JSON list (``["a", "b"]``) or comma-separated values (``a, b``; also a glob such as
+    ``[0-9]*``: text without a double quote is never taken for JSON)."""
     text = raw.strip()
-    if text.startswith(("[", "{")):
+    if text.startswith(("[", "{")) and '"' in text:  # '[0-9]*' is a glob, not broken JSON
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:

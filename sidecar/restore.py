@@ -145,9 +145,9 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
         os.replace(final, aside)
         log.info("restore.moved_aside", path=str(final), to=str(aside))
     os.replace(work / m.name, final)
-    _fsync(target)  # the rename itself
     if pointer:
         write_atomically(target, pointer, f"{m.name}\n".encode())
+    _fsync(target)  # the renames themselves
     return final
 
 

@@ -257,12 +257,13 @@ class Poller:
 
 def _clamp(notice: Notice) -> Notice:
     """``notice`` itself when its deadline lies within ``MAX_DEADLINE_SECONDS`` of its receipt;
-    else a copy with the deadline at that bound (a far past one: at receipt, "now"), the
+    else a copy with the deadline at that bound (a far past one or NaN: at receipt, "now"), the
     monotonic deadline moved with it and the given value kept in ``detail``."""
     given, received = notice.deadline, notice.received_at
     if received - MAX_DEADLINE_SECONDS <= given <= received + MAX_DEADLINE_SECONDS:
         return notice
-    deadline = received if given < received else received + MAX_DEADLINE_SECONDS
+    soon = given < received or math.isnan(given)  # past, or unreadable: now
+    deadline = received if soon else received + MAX_DEADLINE_SECONDS
     received_mono = notice.deadline_mono - (given - received)
     if not math.isfinite(received_mono):
         received_mono = time.monotonic() - max(time.time() - received, 0.0)

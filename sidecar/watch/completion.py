@@ -61,6 +61,11 @@ class _Entry:
     retry_at: float = 0.0  # something in it could not be read: look again then, not sooner
 
 
+def _readable(path: Path) -> bool:
+    """As this process reads: by its effective ids (``os.access`` checks the real ones)."""
+    return os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids)
+
+
 class CompletionTracker:
     """Pure bookkeeping plus ``lstat`` scans; not thread-safe (the watcher loop owns it)."""
 
@@ -165,6 +170,7 @@ class CompletionTracker:
             return
         e = self._entry(key, ekind)
         e.dirty = True
+        e.retry_at = 0.0  # something changed: look now, not at the unreadable retry
         if kind in ("closed", "moved_in"):
             e.fast = True
         elif kind == "created":
@@ -325,9 +331,7 @@ class CompletionTracker:
             self._skip(self.root / key / bad[0], f"{bad[1]}; the checkpoint waits for it")
             return None
         base = self.root / key
-        locked = next(
-            (r for r in snap if not os.access(base / r if is_dir else base, os.R_OK)), None
-        )
+        locked = next((r for r in snap if not _readable(base / r if is_dir else base)), None)
         if locked is not None:  # uploading it could only fail; look again in a while
             self._unreadable(base / locked if is_dir else base, "this file")
             e.retry_at = now + UNREADABLE_RETRY_SECONDS

@@ -222,3 +222,8 @@ def test_upload_part_size_beyond_the_backends_limit_names_the_backends_key() -> 
     }
     with pytest.raises(ConfigError, match="block_size_bytes"):
         load(None, env=env)
+
+
+def test_a_glob_starting_with_a_bracket_is_a_pattern_not_broken_json() -> None:
+    cfg = load(None, env={"CKPT_SIDECAR_CHECKPOINT__PATTERN": "[0-9]*,step_*"})
+    assert cfg.checkpoint.pattern == ["[0-9]*", "step_*"]
