@@ -233,6 +233,16 @@ class Config(_Section):
         section = dest.get(key[0], {}) if key else None
         if key is None or not isinstance(section, dict) or key[1] in section:
             return data
+        model = DestinationConfig.model_fields[key[0]].annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        try:
+            model.model_validate({key[1]: size})
+        except ValidationError as e:
+            why = str(e.errors()[0]["msg"])
+            raise ValueError(
+                f"upload.part_size_bytes = {size!r} is destination.{key[0]}.{key[1]} for this "
+                f"destination: {why}; lower it, or set destination.{key[0]}.{key[1]}"
+            ) from None
         return {**data, "destination": {**dest, key[0]: {**section, key[1]: size}}}
 
     @property

@@ -220,8 +220,10 @@ def test_upload_part_size_beyond_the_backends_limit_names_the_backends_key() -> 
         "CKPT_SIDECAR_DESTINATION__URL": "az://ckpt/run",
         "CKPT_SIDECAR_UPLOAD__PART_SIZE_BYTES": str(4500 * MiB),
     }
-    with pytest.raises(ConfigError, match="block_size_bytes"):
+    with pytest.raises(ConfigError) as e:
         load(None, env=env)
+    assert "upload.part_size_bytes = " in str(e.value)
+    assert "destination.azure.block_size_bytes" in str(e.value)
 
 
 def test_a_glob_starting_with_a_bracket_is_a_pattern_not_broken_json() -> None:
