@@ -1,4 +1,5 @@
-"""Small files written in place atomically, in folders other processes can write to.
+"""Small files written in place atomically, in folders other processes can write to; and
+``fsync_path``, which makes a file's or a folder's content durable.
 
 ``write_atomically(folder, name, data)`` leaves ``folder/name`` holding either its old
 content or all of ``data``, fsynced. The temporary file has a fresh random name and is
@@ -14,7 +15,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["write_atomically"]
+__all__ = ["fsync_path", "write_atomically"]
 
 
 def write_atomically(folder: Path, name: str, data: bytes) -> None:
@@ -31,3 +32,12 @@ def write_atomically(folder: Path, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def fsync_path(path: Path) -> None:
+    """fsync the file or folder at ``path`` (a folder: the names in it). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

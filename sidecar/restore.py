@@ -23,7 +23,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.atomic_write import write_atomically
+from sidecar.atomic_write import fsync_path, write_atomically
 from sidecar.catalog import Catalog
 from sidecar.checks import VerifyFailed, check_all
 from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
@@ -78,16 +78,8 @@ def _download(
             f"object {f.key} is {info.size} bytes with CRC32C {info.crc32c}; "
             f"manifest says {f.size} bytes with CRC32C {f.crc32c}"
         )
-    _fsync(dest)  # on disk before it is named as restored (and cached as verified)
+    fsync_path(dest)  # on disk before it is named as restored (and cached as verified)
     return state_of(os.lstat(dest))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fetch(
@@ -107,7 +99,7 @@ def _fetch(
         states = {f: fut.result() for f, fut in futs.items()}
     for folder in {t.parent for t in targets.values()} | {entry.parent}:
         while True:  # every folder from the file's up to the work folder
-            _fsync(folder)
+            fsync_path(folder)
             if folder == work:
                 break
             folder = folder.parent
@@ -147,7 +139,7 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
     os.replace(work / m.name, final)
     if pointer:
         write_atomically(target, pointer, f"{m.name}\n".encode())
-    _fsync(target)  # the renames themselves
+    fsync_path(target)  # the renames themselves
     return final
 
 

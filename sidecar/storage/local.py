@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from sidecar.atomic_write import fsync_path
 from sidecar.storage.base import (
     AlreadyExists,
     Backend,
@@ -52,14 +53,6 @@ def _wrap(err: OSError, what: str) -> StorageError:
     return TransientError(f"{what}: {err}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_folders(folder: Path) -> None:
     """Create ``folder`` and the folders above it that are missing, each made durable in
     its parent (fsync), so a crash cannot keep a file whose folder's name was lost."""
@@ -72,7 +65,7 @@ def _make_folders(folder: Path) -> None:
             made.mkdir()
         except FileExistsError:
             continue  # another writer made it: its own fsync covers it
-        _fsync_dir(made.parent)
+        fsync_path(made.parent)
 
 
 class LocalBackend(Backend):
@@ -112,7 +105,7 @@ class LocalBackend(Backend):
                     tmp.unlink(missing_ok=True)
             else:
                 os.replace(tmp, target)
-            _fsync_dir(target.parent)
+            fsync_path(target.parent)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _wrap(e, f"publish {target}") from e
