@@ -39,7 +39,6 @@ from sidecar.model import CheckpointReady
 from sidecar.retention import Retention
 from sidecar.state import StateCache
 from sidecar.storage.base import AlreadyExists, Backend, NotFound
-from sidecar.storage.checksum import crc32c_of_file
 from sidecar.upload.pool import FileJob, UploaderPool
 from sidecar.upload.retry import Backoff, retry
 from sidecar.watch.scan import state_of
@@ -75,15 +74,27 @@ def _written_after(item: CheckpointReady, manifest: Manifest) -> bool:
 
 def _newer_here(item: CheckpointReady, manifests: list[Manifest]) -> bool:
     """True when a committed checkpoint that orders above ``item`` is also in ``item``'s
-    watch folder: the trainer wrote something newer here and it is durable (Lightning's
-    ``last.ckpt`` beside its committed ``epoch=...-step=N.ckpt``), so ``item`` is covered.
-    Not so for a new run in an old destination, whose newer commits are elsewhere."""
+    watch folder and is the newest here by the contract's ordering: for a name without a
+    step, any stepped one (Lightning's ``last.ckpt`` beside its committed
+    ``epoch=...-step=N.ckpt``); for a lower step, one last changed no earlier than ``item``
+    (old files of an earlier run left in the folder do not cover a new run's checkpoints,
+    nor do the newer commits of an old destination, which are not here at all)."""
     if not item.files:
         return False
     f = item.files[0]
     entry = f.path.parents[len(Path(f.rel).parts) - 1] if item.is_dir else f.path
     mine = item.order()[0]
-    return any(m.order()[0] > mine and os.path.lexists(entry.parent / m.name) for m in manifests)
+    written = max(x.state.mtime_ns for x in item.files)
+    for m in manifests:
+        if m.order()[0] <= mine:
+            continue
+        try:
+            there = os.lstat(entry.parent / m.name)
+        except OSError:
+            continue
+        if item.step is None or there.st_mtime_ns >= written:
+            return True
+    return False
 
 
 class Committer:
@@ -110,6 +121,7 @@ class Committer:
         self.backoff = backoff
         self.stop = stop
         self.on_committed = on_committed
+        self._told_stepless: set[str] = set()  # names without a step warned about once
         self.host = socket.gethostname()
 
     def _crc(self, p: Path) -> str:
@@ -117,7 +129,7 @@ class Committer:
         cached = self.cache.get(p, st)
         if cached is not None:
             return cached
-        crc = crc32c_of_file(p)
+        crc = self.pool.checksum(p)
         self.cache.put(p, st, crc)
         return crc
 
@@ -161,15 +173,29 @@ class Committer:
         stepped ones). Otherwise (a new run in an old destination) it is not durable: it
         stays unprotected, so the gauge and a drain say so."""
         newest = max(manifests, key=Manifest.order)
-        if not _written_after(item, newest) or _newer_here(item, manifests):
+        old = not _written_after(item, newest)
+        if old or _newer_here(item, manifests):
             if self.on_committed is not None:
                 self.on_committed(item)
-            log.info(
+            stepless = item.step is None and not old and item.name not in self._told_stepless
+            if stepless:  # tell once that it never goes up, not at every save
+                self._told_stepless.add(item.name)
+            (log.warning if stepless else log.info)(
                 "checkpoint.outranked",
                 checkpoint=item.name,
                 step=item.step,
                 keep_last=self.retention.keep_last,
                 action="not uploaded: retention keeps newer checkpoints",
+                **(
+                    {
+                        "reason": "its name has no step, so it orders below every stepped "
+                        "checkpoint, and restore would never choose it",
+                        "fix": "put the step in its name (checkpoint.step_regex) to have "
+                        "it uploaded",
+                    }
+                    if stepless
+                    else {}
+                ),
             )
             return Outcome.OUTRANKED
         log.warning(

@@ -54,6 +54,7 @@ class DrainController:
         self.exit_code = 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._telling = threading.Lock()
         self._changed = threading.Condition()
         self.outcome: dict[str, Any] | None = None
 
@@ -77,6 +78,10 @@ class DrainController:
         }
 
     def _tell_trainer(self) -> None:
+        with self._telling:  # one at a time, each writing the earliest deadline known then
+            self._tell_trainer_now()
+
+    def _tell_trainer_now(self) -> None:
         root = self.d.cfg.watch.path
         data = json.dumps(self.notice_json()).encode()
         try:
@@ -183,12 +188,12 @@ class DrainController:
     def _wait_and_report(self, exit_after: bool) -> None:
         assert self.notice is not None
         started = time.monotonic()
-        deadline = self.notice.deadline_mono
         settle = self.d.cfg.watch.settle_seconds
         self.d.watcher.rescan()
         quiet_since: float | None = None
         with self._changed:
-            while time.monotonic() < deadline:
+            # Until the drain's end, read again at every pass: a later notice extends it.
+            while time.monotonic() < (deadline := self._until):
                 if self._idle():
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= min(settle, 1.0) + 0.2:
@@ -215,7 +220,7 @@ class DrainController:
         self.outcome = {
             "outcome": outcome,
             "seconds": round(used, 3),
-            "margin_seconds": round(deadline - time.monotonic(), 3),
+            "margin_seconds": round(self._until - time.monotonic(), 3),
             "last_committed": last,
             "not_durable": missing,
         }

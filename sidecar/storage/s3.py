@@ -152,7 +152,7 @@ class S3Backend(Backend):
         Cancelling aborts the multipart upload before re-raising.
         """
         full = self.object_key(key)
-        size = os.stat(path).st_size
+        size = os.stat(path, follow_symlinks=False).st_size  # the open refuses a link anyway
         opts = self.options
         if size >= opts.multipart_threshold_bytes:
             target = Target(self._client, self.bucket, full, self._write_args)

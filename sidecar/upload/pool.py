@@ -192,6 +192,17 @@ class UploaderPool:
             if rss is not None and rss > GIVE_BACK_ABOVE_BYTES:
                 give_back_free_memory()
 
+    def checksum(self, path: Path) -> str:
+        """The CRC32C of the watch folder's file ``path``, read as uploads read it (reached
+        from the root without following a link). Raises ``OSError`` (:class:`NotBeneath`)."""
+        if self.root is None:
+            return crc32c_of_file(path)
+        fd = open_beneath(self.root, path)
+        try:
+            return crc32c_of_file(reopenable(fd, path))
+        finally:
+            os.close(fd)
+
     def _try_copy(self, job: FileJob, state: FileState, source: Path) -> UploadResult | None:
         ref = job.reference
         if ref is None or ref.size != state.size:

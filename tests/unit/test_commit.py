@@ -477,8 +477,24 @@ def test_a_checkpoint_without_a_step_beside_committed_stepped_ones_is_covered(
     """Lightning's ``last.ckpt``, saved again after ``epoch=..-step=N.ckpt`` is committed:
     the newest complete checkpoint here is durable, so a drain must say so."""
     rig, durable = _outrank_rig(tmp_path, backend, rigs)
-    (tmp_path / "last.ckpt").write_bytes(b"the same weights again")
     with capture_logs() as logs:
-        assert rig.commit(ready(tmp_path, "last.ckpt")) is Outcome.OUTRANKED
-    assert durable == ["last.ckpt"]
-    assert [e["log_level"] for e in logs if e["event"] == "checkpoint.outranked"] == ["info"]
+        for epoch in range(2):
+            (tmp_path / "last.ckpt").write_bytes(b"the same weights again %d" % epoch)
+            assert rig.commit(ready(tmp_path, "last.ckpt")) is Outcome.OUTRANKED
+    assert durable == ["last.ckpt", "last.ckpt"]
+    told = [e for e in logs if e["event"] == "checkpoint.outranked"]
+    assert [e["log_level"] for e in told] == ["warning", "info"], "warned once, not every save"
+    assert "step" in told[0]["fix"]
+
+
+def test_old_files_of_an_earlier_run_in_the_folder_do_not_cover_a_new_runs_checkpoint(
+    tmp_path: Path, backend: Recording, rigs: list[Rig]
+) -> None:
+    rig, durable = _outrank_rig(tmp_path, backend, rigs)
+    for old in ("ckpt_500.pt", "ckpt_400.pt"):  # still here, from the earlier run
+        os.utime(tmp_path / old, (time.time() - 3600, time.time() - 3600))
+    (tmp_path / "ckpt_20.pt").write_bytes(b"the new run")
+    with capture_logs() as logs:
+        assert rig.commit(ready(tmp_path, "ckpt_20.pt")) is Outcome.OUTRANKED
+    assert durable == []
+    assert [e["log_level"] for e in logs if e["event"] == "checkpoint.outranked"] == ["warning"]

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from sidecar.drain import NOTICE_FILE, DrainController
 from sidecar.metrics import Metrics
-from sidecar.model import Notice
+from sidecar.model import CheckpointReady, EntryKind, Notice
 from sidecar.queue import CheckpointQueue
 from sidecar.unprotected import Unprotected
 from sidecar.upload.bandwidth import BandwidthLimiter
@@ -69,6 +69,13 @@ def _in_turn(
             time.sleep(0.01)
 
 
+def _all_done(logs: list[MutableMapping[str, Any]], n: int) -> None:
+    """Wait for the ``drain.done`` of each of the test's ``n`` drains, so none of them logs
+    into the next test's capture."""
+    while len([e for e in logs if e["event"] == "drain.done"]) < n:
+        time.sleep(0.02)
+
+
 def test_a_later_notice_during_a_drain_keeps_it_draining_until_its_deadline(
     tmp_path: Path,
 ) -> None:
@@ -76,9 +83,10 @@ def test_a_later_notice_during_a_drain_keeps_it_draining_until_its_deadline(
     drain = DrainController(cast("Any", _daemon(tmp_path)))
     with capture_logs() as logs:
         _in_turn(drain, logs, _notice("prestop", 1.0), _notice("aws", 4.0))
-    assert drain.state == "draining" and _told(tmp_path) == "prestop"
-    time.sleep(2.0)  # past the first deadline: there is nothing to wait on but the clock
-    assert drain.state == "draining", "the cloud's deadline is still ahead"
+        assert drain.state == "draining" and _told(tmp_path) == "prestop"
+        time.sleep(2.0)  # past the first deadline: there is nothing to wait on but the clock
+        assert drain.state == "draining", "the cloud's deadline is still ahead"
+        _all_done(logs, 2)
 
 
 def test_an_earlier_deadline_is_told_to_the_trainer_and_a_passed_one_ends_nothing(
@@ -87,8 +95,9 @@ def test_an_earlier_deadline_is_told_to_the_trainer_and_a_passed_one_ends_nothin
     drain = DrainController(cast("Any", _daemon(tmp_path)))
     with capture_logs() as logs:
         _in_turn(drain, logs, _notice("usr1", 3.0), _notice("azure", -1.0))
-    assert _told(tmp_path) == "azure", "the trainer was not told of the earlier deadline"
-    assert drain.state == "draining", "a notice already past ended the drain"
+        assert _told(tmp_path) == "azure", "the trainer was not told of the earlier deadline"
+        assert drain.state == "draining", "a notice already past ended the drain"
+        _all_done(logs, 2)
 
 
 def test_a_notice_after_the_drain_starts_a_new_one(tmp_path: Path) -> None:
@@ -98,4 +107,25 @@ def test_a_notice_after_the_drain_starts_a_new_one(tmp_path: Path) -> None:
         time.sleep(0.6)  # past its deadline: there is nothing to wait on but the clock
         assert drain.state == "running"
         _in_turn(drain, logs, _notice("terminate", 5.0))
-    assert drain.state == "draining" and _told(tmp_path) == "terminate"
+        assert drain.state == "draining" and _told(tmp_path) == "terminate"
+        _all_done(logs, 2)
+
+
+def test_every_drain_of_the_window_waits_for_its_end_while_work_is_pending(
+    tmp_path: Path,
+) -> None:
+    """preStop (1 s), then the cloud's notice (3 s), a checkpoint not yet durable: neither
+    reports before the cloud's deadline, so neither exits early with 4."""
+    d = _daemon(tmp_path)
+    d.pending.add(
+        CheckpointReady("step_7.pt", EntryKind.CHECKPOINT, False, (), 7, 0.0, time.monotonic())
+    )
+    drain = DrainController(cast("Any", d))
+    started = time.monotonic()
+    with capture_logs() as logs:
+        _in_turn(drain, logs, _notice("prestop", 1.0), _notice("aws", 3.0))
+        _all_done(logs, 2)
+    done = [e for e in logs if e["event"] == "drain.done"]
+    assert all(e["seconds"] >= 2.5 for e in done), done
+    assert time.monotonic() - started >= 2.9
+    assert {e["not_durable"][0] for e in done} == {"step_7.pt"}

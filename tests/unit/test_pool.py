@@ -324,3 +324,21 @@ def test_an_other_file_under_a_folder_swapped_for_a_symlink_is_not_uploaded(
     loop.upload(item)
     assert backend.ops("put_file") == []
     assert len(failures) == 1 and isinstance(failures[0], NotBeneath)
+
+
+def test_the_checksum_of_a_file_seen_before_is_read_only_beneath_the_root(
+    tmp_path: Path, secret: Path
+) -> None:
+    """The committer reads a name committed before to compare it: through the same door."""
+    root = tmp_path / "watch"
+    (root / "step_1").mkdir(parents=True)
+    (root / "step_1" / "w.pt").write_bytes(b"weights")
+    r = PoolRig(Faulty(), root=root)
+    try:
+        assert r.pool.checksum(root / "step_1" / "w.pt") == crc32c_of_bytes(b"weights")
+        (root / "step_1").rename(root / "old")
+        (root / "step_1").symlink_to(secret.parent)
+        with pytest.raises(NotBeneath):
+            r.pool.checksum(root / "step_1" / "w.pt")
+    finally:
+        r.pool.close()
