@@ -241,7 +241,7 @@ class Config(_Section):
             why = str(e.errors()[0]["msg"])
             raise ValueError(
                 f"upload.part_size_bytes = {size!r} is destination.{key[0]}.{key[1]} for this "
-                f"destination: {why}; lower it, or set destination.{key[0]}.{key[1]}"
+                f"destination: {why}; change it, or set destination.{key[0]}.{key[1]}"
             ) from None
         return {**data, "destination": {**dest, key[0]: {**section, key[1]: size}}}
 
@@ -290,10 +290,12 @@ def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tupl
 
 
 def _env_list(name: str, key: str, raw: str) -> Any:
-    """A JSON list (``["a", "b"]``) or comma-separated values (``a, b``; also a glob such as
-    ``[0-9]*``: text without a double quote is never taken for JSON)."""
+    """A JSON list (``["a", "b"]``) or comma-separated values (``a, b``; also globs such as
+    ``[0-9]*,step_*``: text starting with ``[`` is taken for JSON only when it holds a quote
+    or ends with ``]``)."""
     text = raw.strip()
-    if text.startswith(("[", "{")) and '"' in text:  # '[0-9]*' is a glob, not broken JSON
+    quoted = '"' in text or "'" in text or text.endswith(("]", "}"))
+    if text.startswith(("[", "{")) and quoted:  # '[0-9]*,x' is globs, not broken JSON
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:

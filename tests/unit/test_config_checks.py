@@ -229,3 +229,8 @@ def test_upload_part_size_beyond_the_backends_limit_names_the_backends_key() -> 
 def test_a_glob_starting_with_a_bracket_is_a_pattern_not_broken_json() -> None:
     cfg = load(None, env={"CKPT_SIDECAR_CHECKPOINT__PATTERN": "[0-9]*,step_*"})
     assert cfg.checkpoint.pattern == ["[0-9]*", "step_*"]
+
+
+def test_a_single_quoted_list_is_an_error_not_patterns_that_never_match() -> None:
+    with pytest.raises(ConfigError, match="CKPT_SIDECAR_CHECKPOINT__PATTERN"):
+        load(None, env={"CKPT_SIDECAR_CHECKPOINT__PATTERN": "['*.pt','*.bin']"})
