@@ -7,9 +7,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -251,18 +251,24 @@ def test_absurd_deadlines_are_clamped_logged_and_the_notices_still_arrive(tmp_pa
     assert poller.error_counts() == {}
 
 
-def test_a_notice_that_cannot_be_delivered_is_an_error_and_not_marked_seen() -> None:
-    broken = _notice("e1", deadline=math.inf, received_at=math.inf)  # no clamp can save it
-    now = time.time()
-    src = _Scripted(broken, _notice("e1", deadline=now + 30, received_at=now))
-    notices: list[Notice] = []
-    poller = Poller([src], notices.append, retry_delay=0.01)
+def _run_until_one_notice(poller: Poller, notices: list[Notice]) -> list[MutableMapping[str, Any]]:
+    """Run ``poller`` until it delivered a notice; what it logged meanwhile."""
     with capture_logs() as logs:
         poller.start()
         try:
             _until(lambda: len(notices) == 1)
         finally:
             assert poller.stop()
+    return logs
+
+
+def test_a_notice_that_cannot_be_delivered_is_an_error_and_not_marked_seen() -> None:
+    broken = _notice("e1", deadline=math.inf, received_at=math.inf)  # no clamp can save it
+    now = time.time()
+    src = _Scripted(broken, _notice("e1", deadline=now + 30, received_at=now))
+    notices: list[Notice] = []
+    poller = Poller([src], notices.append, retry_delay=0.01)
+    logs = _run_until_one_notice(poller, notices)
     assert notices[0].deadline == now + 30  # the same event id, delivered by the next poll
     assert poller.error_counts() == {("scripted", "internal"): 1}
     assert [e["kind"] for e in logs if e["event"] == "preemption.error"] == ["internal"]
@@ -277,12 +283,7 @@ def test_unexpected_exceptions_and_a_failing_on_error_never_end_the_loop() -> No
 
     notices: list[Notice] = []
     poller = Poller([src], notices.append, on_error=on_error, retry_delay=0.01)
-    with capture_logs() as logs:
-        poller.start()
-        try:
-            _until(lambda: len(notices) == 1)
-        finally:
-            assert poller.stop()
+    logs = _run_until_one_notice(poller, notices)
     assert poller.error_counts() == {("scripted", "internal"): 1}
     assert [e["event"] for e in logs].count("preemption.on_error_failed") == 1
 

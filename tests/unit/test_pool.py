@@ -264,15 +264,26 @@ def secret(tmp_path: Path) -> Path:
     return outside / "w.pt"
 
 
+def _in_watch(tmp_path: Path, folder: str, data: bytes) -> tuple[Path, Path]:
+    """The watch folder and ``<folder>/w.pt`` in it, holding ``data``."""
+    root = tmp_path / "watch"
+    (root / folder).mkdir(parents=True)
+    (root / folder / "w.pt").write_bytes(data)
+    return root, root / folder / "w.pt"
+
+
+def _swap_for_link(root: Path, folder: str, secret: Path) -> None:
+    """``folder`` becomes a link to the secret's folder (the same file name behind it)."""
+    (root / folder).rename(root / "old")
+    (root / folder).symlink_to(secret.parent)
+
+
 def test_a_folder_swapped_for_a_symlink_after_the_scan_is_not_read_through(
     tmp_path: Path, secret: Path
 ) -> None:
-    root = tmp_path / "watch"
-    (root / "step_1").mkdir(parents=True)
-    (root / "step_1" / "w.pt").write_bytes(b"weights")
-    j = job(root / "step_1" / "w.pt", "step_1/w.pt")
-    (root / "step_1").rename(root / "old")
-    (root / "step_1").symlink_to(secret.parent)  # same file name behind the link
+    root, path = _in_watch(tmp_path, "step_1", b"weights")
+    j = job(path, "step_1/w.pt")
+    _swap_for_link(root, "step_1", secret)
     r = PoolRig(Faulty(), root=root)
     try:
         with pytest.raises(NotBeneath, match="symlink"):
@@ -302,13 +313,10 @@ def test_a_file_swapped_for_a_symlink_during_the_upload_is_not_read_through(
 def test_an_other_file_under_a_folder_swapped_for_a_symlink_is_not_uploaded(
     tmp_path: Path, secret: Path
 ) -> None:
-    root = tmp_path / "watch"
-    (root / "logs").mkdir(parents=True)
-    (root / "logs" / "w.pt").write_bytes(b"a log")
-    entry = FileEntry("w.pt", root / "logs" / "w.pt", state_of(os.lstat(root / "logs" / "w.pt")))
+    root, path = _in_watch(tmp_path, "logs", b"a log")
+    entry = FileEntry("w.pt", path, state_of(os.lstat(path)))
     item = CheckpointReady("logs/w.pt", EntryKind.OTHER, False, (entry,), None, 0.0, 0.0)
-    (root / "logs").rename(root / "old")
-    (root / "logs").symlink_to(secret.parent)
+    _swap_for_link(root, "logs", secret)
     backend = Faulty()
     failures: list[Exception] = []
     loop = OtherFilesLoop(
@@ -330,15 +338,12 @@ def test_the_checksum_of_a_file_seen_before_is_read_only_beneath_the_root(
     tmp_path: Path, secret: Path
 ) -> None:
     """The committer reads a name committed before to compare it: through the same door."""
-    root = tmp_path / "watch"
-    (root / "step_1").mkdir(parents=True)
-    (root / "step_1" / "w.pt").write_bytes(b"weights")
+    root, path = _in_watch(tmp_path, "step_1", b"weights")
     r = PoolRig(Faulty(), root=root)
     try:
-        assert r.pool.checksum(root / "step_1" / "w.pt") == crc32c_of_bytes(b"weights")
-        (root / "step_1").rename(root / "old")
-        (root / "step_1").symlink_to(secret.parent)
+        assert r.pool.checksum(path) == crc32c_of_bytes(b"weights")
+        _swap_for_link(root, "step_1", secret)
         with pytest.raises(NotBeneath):
-            r.pool.checksum(root / "step_1" / "w.pt")
+            r.pool.checksum(path)
     finally:
         r.pool.close()
