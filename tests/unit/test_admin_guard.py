@@ -61,7 +61,8 @@ def test_a_content_length_that_is_not_a_whole_number_gets_400_at_once(
 
 
 def test_an_idle_connection_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin._Handler, "timeout", 0.5)
+    assert admin._Handler.timeout == admin.IDLE_SECONDS <= 60, "silent callers kept for ever"
+    monkeypatch.setattr(admin._Handler, "timeout", 0.5)  # the same, sooner
     s = AdminServer(cast("Daemon", None), "127.0.0.1", 0, None)
     s.start()
     try:
