@@ -123,7 +123,7 @@ class DrainController:
         )
         self.d.limiter.lift()
         self._reprioritise()
-        self._wait_and_report(exit_after)
+        self._wait_and_report(notice.deadline_mono, exit_after)
 
     def _reprioritise(self, arrived: CheckpointReady | None = None) -> None:
         for old in self.d.queue.supersede_all_but_newest():
@@ -185,15 +185,15 @@ class DrainController:
             if (k := tracker.key_of(tracker.root / n)) and k[1] is EntryKind.CHECKPOINT
         )
 
-    def _wait_and_report(self, exit_after: bool) -> None:
-        assert self.notice is not None
+    def _wait_and_report(self, deadline: float, exit_after: bool) -> None:
+        """Wait until the work is done or this notice's own deadline (a SIGTERM's grace is
+        all the kubelet gives, however far a cloud notice's deadline), then report."""
         started = time.monotonic()
         settle = self.d.cfg.watch.settle_seconds
         self.d.watcher.rescan()
         quiet_since: float | None = None
         with self._changed:
-            # Until the drain's end, read again at every pass: a later notice extends it.
-            while time.monotonic() < (deadline := self._until):
+            while time.monotonic() < deadline:
                 if self._idle():
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= min(settle, 1.0) + 0.2:
@@ -220,7 +220,7 @@ class DrainController:
         self.outcome = {
             "outcome": outcome,
             "seconds": round(used, 3),
-            "margin_seconds": round(self._until - time.monotonic(), 3),
+            "margin_seconds": round(deadline - time.monotonic(), 3),
             "last_committed": last,
             "not_durable": missing,
         }

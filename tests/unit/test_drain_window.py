@@ -111,21 +111,19 @@ def test_a_notice_after_the_drain_starts_a_new_one(tmp_path: Path) -> None:
         _all_done(logs, 2)
 
 
-def test_every_drain_of_the_window_waits_for_its_end_while_work_is_pending(
-    tmp_path: Path,
-) -> None:
-    """preStop (1 s), then the cloud's notice (3 s), a checkpoint not yet durable: neither
-    reports before the cloud's deadline, so neither exits early with 4."""
+def test_each_drain_waits_for_its_own_deadline_while_work_is_pending(tmp_path: Path) -> None:
+    """preStop (1 s), then the cloud's notice (3 s), a checkpoint not yet durable: the
+    cloud's drain does not report at the preStop's deadline, and the preStop's (like a
+    SIGTERM's, whose grace is all the kubelet gives) does not wait for the cloud's."""
     d = _daemon(tmp_path)
     d.pending.add(
         CheckpointReady("step_7.pt", EntryKind.CHECKPOINT, False, (), 7, 0.0, time.monotonic())
     )
     drain = DrainController(cast("Any", d))
-    started = time.monotonic()
     with capture_logs() as logs:
         _in_turn(drain, logs, _notice("prestop", 1.0), _notice("aws", 3.0))
         _all_done(logs, 2)
-    done = [e for e in logs if e["event"] == "drain.done"]
-    assert all(e["seconds"] >= 2.5 for e in done), done
-    assert time.monotonic() - started >= 2.9
-    assert {e["not_durable"][0] for e in done} == {"step_7.pt"}
+    first, second = sorted(e["seconds"] for e in logs if e["event"] == "drain.done")
+    assert 0.7 <= first <= 1.6, "the preStop drain did not keep to its own deadline"
+    assert second >= 2.5, "the cloud's drain reported at the preStop's deadline"
+    assert all(e["not_durable"] == ["step_7.pt"] for e in logs if e["event"] == "drain.done")
