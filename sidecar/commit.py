@@ -72,13 +72,18 @@ def _written_after(item: CheckpointReady, manifest: Manifest) -> bool:
     return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
 
 
+#: a newer committed checkpoint here covers an outranked one written up to this long after
+#: it (the same save: Lightning writes ``last.ckpt`` right after ``epoch=..-step=N.ckpt``)
+SAME_SAVE_SECONDS = 300
+
+
 def _newer_here(item: CheckpointReady, manifests: list[Manifest]) -> bool:
     """True when a committed checkpoint that orders above ``item`` is also in ``item``'s
-    watch folder and is the newest here by the contract's ordering: for a name without a
-    step, any stepped one (Lightning's ``last.ckpt`` beside its committed
-    ``epoch=...-step=N.ckpt``); for a lower step, one last changed no earlier than ``item``
-    (old files of an earlier run left in the folder do not cover a new run's checkpoints,
-    nor do the newer commits of an old destination, which are not here at all)."""
+    watch folder and changed no more than ``SAME_SAVE_SECONDS`` before ``item`` did: the
+    trainer saved both together (Lightning's ``last.ckpt`` beside its committed
+    ``epoch=...-step=N.ckpt``), so ``item`` holds nothing newer. Old files of an earlier run
+    left in the folder, or a best-of-k kept from long ago, do not cover it; nor do the newer
+    commits of an old destination, which are not here at all."""
     if not item.files:
         return False
     f = item.files[0]
@@ -92,7 +97,7 @@ def _newer_here(item: CheckpointReady, manifests: list[Manifest]) -> bool:
             there = os.lstat(entry.parent / m.name)
         except OSError:
             continue
-        if item.step is None or there.st_mtime_ns >= written:
+        if there.st_mtime_ns >= written - SAME_SAVE_SECONDS * 1_000_000_000:
             return True
     return False
 

@@ -52,6 +52,7 @@ class DrainController:
         self.notice: Notice | None = None
         self._until = float("-inf")  # monotonic end of the drain: the latest deadline in it
         self.exit_code = 0
+        self._stopping = False  # a drain that stops the daemon has reported: its status holds
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._telling = threading.Lock()
@@ -226,6 +227,10 @@ class DrainController:
         }
         log_fn = log.info if durable else log.error
         log_fn("drain.done", **self.outcome)
-        self.exit_code = 0 if durable else 4
+        with self._lock:
+            if self._stopping:  # the exit status is the stopping drain's; keep it
+                return
+            self.exit_code = 0 if durable else 4
+            self._stopping = exit_after
         if exit_after:
             self.d.request_stop()

@@ -487,14 +487,15 @@ def test_a_checkpoint_without_a_step_beside_committed_stepped_ones_is_covered(
     assert "step" in told[0]["fix"]
 
 
+@pytest.mark.parametrize("name", ["ckpt_20.pt", "last.ckpt"])
 def test_old_files_of_an_earlier_run_in_the_folder_do_not_cover_a_new_runs_checkpoint(
-    tmp_path: Path, backend: Recording, rigs: list[Rig]
+    tmp_path: Path, backend: Recording, rigs: list[Rig], name: str
 ) -> None:
     rig, durable = _outrank_rig(tmp_path, backend, rigs)
     for old in ("ckpt_500.pt", "ckpt_400.pt"):  # still here, from the earlier run
         os.utime(tmp_path / old, (time.time() - 3600, time.time() - 3600))
-    (tmp_path / "ckpt_20.pt").write_bytes(b"the new run")
+    (tmp_path / name).write_bytes(b"the new run")
     with capture_logs() as logs:
-        assert rig.commit(ready(tmp_path, "ckpt_20.pt")) is Outcome.OUTRANKED
+        assert rig.commit(ready(tmp_path, name)) is Outcome.OUTRANKED
     assert durable == []
     assert [e["log_level"] for e in logs if e["event"] == "checkpoint.outranked"] == ["warning"]

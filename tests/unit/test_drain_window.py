@@ -127,3 +127,22 @@ def test_each_drain_waits_for_its_own_deadline_while_work_is_pending(tmp_path: P
     assert 0.7 <= first <= 1.6, "the preStop drain did not keep to its own deadline"
     assert second >= 2.5, "the cloud's drain reported at the preStop's deadline"
     assert all(e["not_durable"] == ["step_7.pt"] for e in logs if e["event"] == "drain.done")
+
+
+def test_the_exit_status_is_the_stopping_drains_whatever_reports_later(tmp_path: Path) -> None:
+    """SIGTERM (0.5 s) during a cloud drain (2 s), a checkpoint pending: the SIGTERM drain
+    reports 4 and stops the daemon; the cloud drain's later report does not change that."""
+    d = _daemon(tmp_path)
+    item = CheckpointReady("step_7.pt", EntryKind.CHECKPOINT, False, (), 7, 0.0, time.monotonic())
+    d.pending.add(item)
+    stops: list[int] = []
+    drain = DrainController(cast("Any", d))
+    d.request_stop = lambda: stops.append(drain.exit_code)
+    with capture_logs() as logs:
+        _in_turn(drain, logs, _notice("aws", 2.0))
+        term = _notice("terminate", 0.5)
+        threading.Thread(target=drain.start, args=(term,), kwargs={"exit_after": True}).start()
+        _all_done(logs, 1)
+        d.pending.committed(item)  # the upload finishes after the daemon was told to stop
+        _all_done(logs, 2)
+    assert stops == [4] and drain.exit_code == 4
