@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sidecar.config import redacted
+from sidecar.config_load import redacted
 from sidecar.model import Notice
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ import yaml
 
 from sidecar import __version__
 from sidecar.client import open_admin
-from sidecar.config import Config, ConfigError, load, redacted
+from sidecar.config import Config
+from sidecar.config_load import ConfigError, load, redacted
 from sidecar.logging import configure
 from sidecar.shown import shown
 from sidecar.storage.base import Backend, DestinationRejected, StorageError

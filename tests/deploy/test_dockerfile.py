@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from sidecar.config import Config, ConfigError, load
+from sidecar.config import Config
+from sidecar.config_load import ConfigError, load
 from tests.deploy.tools import (
     ROOT,
     dockerfile_constraints,

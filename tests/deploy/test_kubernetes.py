@@ -19,7 +19,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from sidecar.config import Config, ConfigError, load
+from sidecar.config import Config
+from sidecar.config_load import ConfigError, load
 from tests.deploy.k8s import EXAMPLES, K8S, container_env, pod_templates, render
 from tests.deploy.tools import DEPLOY, dockerfile_user
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, load
+from sidecar.config_load import ConfigError, load
 from tests.deploy.tools import DEPLOY, read_env_file, run, tool
 
 UNITS = DEPLOY / "systemd"

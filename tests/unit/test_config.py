@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, load, redacted
+from sidecar.config_load import ConfigError, load, redacted
 
 
 def yaml_file(tmp_path: Path, text: str) -> Path:

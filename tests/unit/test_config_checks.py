@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar import cli
-from sidecar.config import ConfigError, load
+from sidecar.config_load import ConfigError, load
 
 SECRET = "sig=T0pS3cretXyz"
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"
