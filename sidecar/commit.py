@@ -17,13 +17,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 import structlog
 
 from sidecar import __version__
 from sidecar.catalog import Catalog
+from sidecar.coverage import saved_with_newer_here, written_after
 from sidecar.manifest import (
     LATEST_KEY,
     Manifest,
@@ -60,46 +60,6 @@ class _Unreadable:
 
 
 UNREADABLE = _Unreadable()
-
-
-def _written_after(item: CheckpointReady, manifest: Manifest) -> bool:
-    """True when a file of ``item`` was modified after ``manifest`` was committed (or the
-    commit time cannot be read: then nothing is assumed covered)."""
-    try:
-        committed = datetime.fromisoformat(manifest.committed_at).timestamp()
-    except ValueError:
-        return True
-    return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
-
-
-#: a newer committed checkpoint here covers an outranked one written up to this long after
-#: it (the same save: Lightning writes ``last.ckpt`` right after ``epoch=..-step=N.ckpt``)
-SAME_SAVE_SECONDS = 300
-
-
-def _newer_here(item: CheckpointReady, manifests: list[Manifest]) -> bool:
-    """True when a committed checkpoint that orders above ``item`` is also in ``item``'s
-    watch folder and changed no more than ``SAME_SAVE_SECONDS`` before ``item`` did: the
-    trainer saved both together (Lightning's ``last.ckpt`` beside its committed
-    ``epoch=...-step=N.ckpt``), so ``item`` holds nothing newer. Old files of an earlier run
-    left in the folder, or a best-of-k kept from long ago, do not cover it; nor do the newer
-    commits of an old destination, which are not here at all."""
-    if not item.files:
-        return False
-    f = item.files[0]
-    entry = f.path.parents[len(Path(f.rel).parts) - 1] if item.is_dir else f.path
-    mine = item.order()[0]
-    written = max(x.state.mtime_ns for x in item.files)
-    for m in manifests:
-        if m.order()[0] <= mine:
-            continue
-        try:
-            there = os.lstat(entry.parent / m.name)
-        except OSError:
-            continue
-        if there.st_mtime_ns >= written - SAME_SAVE_SECONDS * 1_000_000_000:
-            return True
-    return False
 
 
 class Committer:
@@ -178,8 +138,8 @@ class Committer:
         stepped ones). Otherwise (a new run in an old destination) it is not durable: it
         stays unprotected, so the gauge and a drain say so."""
         newest = max(manifests, key=Manifest.order)
-        old = not _written_after(item, newest)
-        if old or _newer_here(item, manifests):
+        old = not written_after(item, newest)
+        if old or saved_with_newer_here(item, manifests):
             if self.on_committed is not None:
                 self.on_committed(item)
             stepless = item.step is None and not old and item.name not in self._told_stepless
