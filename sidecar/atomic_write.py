@@ -2,10 +2,11 @@
 ``fsync_path``, which makes a file's or a folder's content durable.
 
 ``write_atomically(folder, name, data)`` leaves ``folder/name`` holding either its old
-content or all of ``data``, fsynced. The temporary file has a fresh random name and is
-created exclusively (``O_EXCL`` never follows a symlink), so a link planted in the folder
-cannot make the daemon write anywhere else; the rename replaces a link at ``name`` itself,
-not its target. Raises ``OSError``; the temporary file is removed on failure.
+content or all of ``data``, fsynced, and the folder fsynced after the rename. The
+temporary file has a fresh random name and is created exclusively (``O_EXCL`` never
+follows a symlink), so a link planted in the folder cannot make the daemon write anywhere
+else; the rename replaces a link at ``name`` itself, not its target. Raises ``OSError``;
+the temporary file is removed on failure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def write_atomically(folder: Path, name: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / name)
+        fsync_path(folder)  # the rename itself
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

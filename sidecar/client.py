@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from sidecar.atomic_write import fsync_path  # standard library only, as this module
+
 __all__ = [
     "NOTICE_FILE",
     "Notice",
@@ -100,7 +102,7 @@ def atomic_save(
     except BaseException:
         _remove_temporaries(tmp)
         raise
-    _fsync_dir(target.parent)
+    fsync_path(target.parent)
     return target
 
 
@@ -138,19 +140,7 @@ def _fsync_file(path: Path) -> None:
             f"the writer left no file at {path}; with writer_takes_path=True it must write "
             "exactly to the path it is given (no added extension, no folder)"
         )
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
 # -- defaults shared with the daemon --------------------------------------------------------

@@ -97,12 +97,11 @@ def _fetch(
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         futs = {f: pool.submit(_download, backend, f, targets[f], progress) for f in m.files}
         states = {f: fut.result() for f, fut in futs.items()}
-    for folder in {t.parent for t in targets.values()} | {entry.parent}:
-        while True:  # every folder from the file's up to the work folder
-            fsync_path(folder)
-            if folder == work:
-                break
-            folder = folder.parent
+    folders = {work}
+    for t in targets.values():  # every folder from a file's up to the work folder, once
+        folders.update(p for p in t.parents if p == work or work in p.parents)
+    for folder in folders:
+        fsync_path(folder)
     return {targets[f]: (states[f], f.crc32c) for f in m.files}
 
 
