@@ -203,15 +203,12 @@ class Committer:
             # are committed and immutable, so never upload over them; compare instead.
             key = manifest_key(item.name, generation)
             existing = self._fetch_existing(key)
-            if existing is UNREADABLE:  # it may name objects under this generation's keys
+            if existing is not None:  # unreadable: it may name objects under these keys
+                if isinstance(existing, Manifest):
+                    self.catalog.add(existing)
+                    if self.matches(item, existing):
+                        return self._already(item, generation)
                 self._conflict(item, generation, key)
-                generation += 1
-                continue
-            if isinstance(existing, Manifest):
-                self.catalog.add(existing)
-                if self.matches(item, existing):
-                    return self._already(item, generation)
-                self._conflict(item, generation, existing.key)
                 generation += 1
                 continue
             outcome = self._commit_generation(item, generation, cancel)
@@ -284,8 +281,8 @@ class Committer:
                 wait=self.stop.wait,
             )
         except AlreadyExists:
-            existing = self._read_existing(manifest.key)
-            if existing is not None:
+            existing = self._probe(manifest.key)
+            if isinstance(existing, Manifest):
                 self.catalog.add(existing)
                 if existing == manifest:  # our own write; its reply was lost and retried
                     self._after_commit(item, manifest, sum(r.copied for r in results))
@@ -318,10 +315,6 @@ class Committer:
         except ManifestError as e:
             log.warning("checkpoint.manifest_unreadable", manifest=key, error=str(e))
             return UNREADABLE
-
-    def _read_existing(self, key: str) -> Manifest | None:
-        found = self._probe(key)
-        return found if isinstance(found, Manifest) else None
 
     def _after_commit(self, item: CheckpointReady, m: Manifest, results_copied: int) -> None:
         if self.on_committed is not None:

@@ -9,6 +9,7 @@ anything starts. :func:`redacted` is a config as it may be shown (secrets as ``*
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import types
@@ -56,7 +57,8 @@ def _is_list(annotation: Any) -> bool:
     return origin in (list, tuple, set, frozenset)
 
 
-def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+@functools.cache
+def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> frozenset[tuple[str, ...]]:
     """Every list- or tuple-typed key, found by type, so a new list key splits like the rest."""
     out: set[tuple[str, ...]] = set()
     for name, field in model.model_fields.items():
@@ -65,7 +67,7 @@ def _list_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tupl
             out |= _list_keys(ann, (*prefix, name))
         elif _is_list(ann):
             out.add((*prefix, name))
-    return out
+    return frozenset(out)
 
 
 def _env_list(name: str, key: str, raw: str) -> Any:
@@ -175,7 +177,8 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     )
 
 
-def _secret_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+@functools.cache
+def _secret_keys(model: type[BaseModel], prefix: str = "") -> frozenset[str]:
     """Dotted names of every ``SecretStr`` field, found by type, not by name."""
     out: set[str] = set()
     for name, field in model.model_fields.items():
@@ -184,7 +187,7 @@ def _secret_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
             out.add(prefix + name)
         elif isinstance(ann, type) and issubclass(ann, BaseModel):
             out |= _secret_keys(ann, f"{prefix}{name}.")
-    return out
+    return frozenset(out)
 
 
 def _without_userinfo(value: Any) -> Any:

@@ -112,7 +112,7 @@ class DrainController:
             earlier = self.notice is None or notice.deadline_mono < self.notice.deadline_mono
             if first or earlier:
                 self.notice = notice
-            self._until = notice.deadline_mono if first else max(self._until, notice.deadline_mono)
+            self._until = max(self._until, notice.deadline_mono)
         if first or earlier:  # the trainer hears of a drain, and of any earlier deadline
             self._tell_trainer()  # the trainer's emergency checkpoint is the priority
         log.warning(

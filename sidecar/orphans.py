@@ -86,7 +86,7 @@ def sweep_orphans(
             if abort():
                 return SweepResult(tuple(deleted), "interrupted by new work")
             first, _, rest = info.key.partition("/")
-            if f"{_OURS}/" in f"/{rest}" or rest.startswith(_OURS):
+            if f"/{_OURS}/" in f"/{rest}":
                 foreign.add(first)  # e.g. node-1/.ckpt-sidecar/...: another node's prefix
             owner = owner_name(info.key)
             if owner is None or info.key in live or not layout.matches(*owner):

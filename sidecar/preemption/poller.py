@@ -34,10 +34,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import structlog
 
+from sidecar.manifest import rfc3339
 from sidecar.model import Notice
 from sidecar.preemption.base import Source, SourceError
 
@@ -195,10 +195,10 @@ class Poller:
                 source=label,
                 event_id=notice.event_id,
                 deadline_given=str(notice.deadline),
-                deadline=_rfc3339(clamped.deadline),
+                deadline=rfc3339(clamped.deadline),
                 bound_seconds=MAX_DEADLINE_SECONDS,
             )
-        return clamped, _rfc3339(clamped.deadline)
+        return clamped, rfc3339(clamped.deadline)
 
     def _error(self, label: str, e: Exception, failures: int) -> None:
         err = e if isinstance(e, SourceError) else SourceError("internal", repr(e))
@@ -273,10 +273,6 @@ def _clamp(notice: Notice) -> Notice:
         deadline_mono=received_mono + (deadline - received),
         detail={**notice.detail, "deadline_given": str(given)},
     )
-
-
-def _rfc3339(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat()
 
 
 def _labels(sources: Sequence[Source]) -> list[str]:
