@@ -132,6 +132,10 @@ class UploaderPool:
         fd = None if self.root is None else open_beneath(self.root, path)
         try:
             return self._read_and_send(job, cancel, path, fd)
+        except OSError as e:
+            if fd is not None and e.filename == str(reopenable(fd, path)):
+                e.filename = str(path)  # the operator needs the file's own name
+            raise
         finally:
             if fd is not None:
                 os.close(fd)
@@ -160,10 +164,6 @@ class UploaderPool:
                 on_retry=lambda n, e, d: self.note_retry("put_file", job.key, n, e, d),
                 wait=self.stop.wait,
             )
-        except OSError as e:
-            if e.filename == str(source):  # the operator needs the file's own name
-                e.filename = str(path)
-            raise
         except StorageError as e:
             if not isinstance(e, Cancelled):
                 self.metrics.files_uploaded.labels(self.backend.scheme, "error").inc()

@@ -330,12 +330,6 @@ class CompletionTracker:
         if bad is not None:
             self._skip(self.root / key / bad[0], f"{bad[1]}; the checkpoint waits for it")
             return None
-        base = self.root / key
-        locked = next((r for r in snap if not _readable(base / r if is_dir else base)), None)
-        if locked is not None:  # uploading it could only fail; look again in a while
-            self._unreadable(base / locked if is_dir else base, "this file")
-            e.retry_at = now + UNREADABLE_RETRY_SECONDS
-            return None
         if e.kind is EntryKind.CHECKPOINT:
             if not self.layout.complete(key, is_dir, snap, self.root):
                 if stable:
@@ -350,6 +344,12 @@ class CompletionTracker:
             overdue = now - e.emitted_at >= self.other_interval
             if not ((not self.poll_mode and e.fast) or stable or overdue):
                 return None
+        base = self.root / key  # ready to hand off: only now is every file's mode asked
+        locked = next((r for r in snap if not _readable(base / r if is_dir else base)), None)
+        if locked is not None:  # uploading it could only fail; look again in a while
+            self._unreadable(base / locked if is_dir else base, "this file")
+            e.retry_at = now + UNREADABLE_RETRY_SECONDS
+            return None
         e.dirty = self._open_other(key, e)
         e.emitted, e.emitted_at, e.fast = snap, now, False
         return self._ready(key, e.kind, is_dir, snap, now)
