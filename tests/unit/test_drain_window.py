@@ -3,10 +3,11 @@ hears of the drain and of every earlier deadline; a notice after the drain start
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -58,6 +59,18 @@ def _told(root: Path) -> str:
         return ""
 
 
+def _until(done: Callable[[], bool], bound: float = 15.0) -> None:
+    """Wait for ``done`` (a drain's own thread makes it true); fail after ``bound`` s."""
+    end = time.monotonic() + bound
+    while not done():
+        assert time.monotonic() < end, "the drain never got there"
+        time.sleep(0.01)
+
+
+def _started(logs: list[MutableMapping[str, Any]], kind: str) -> bool:
+    return any(e["event"] == "drain.started" and e["kind"] == kind for e in logs)
+
+
 def _in_turn(
     drain: DrainController, logs: list[MutableMapping[str, Any]], *notices: Notice
 ) -> None:
@@ -65,15 +78,13 @@ def _in_turn(
     has logged ``drain.started`` (after telling the trainer, when it does)."""
     for n in notices:
         threading.Thread(target=drain.start, args=(n,), kwargs={"exit_after": False}).start()
-        while not any(e["event"] == "drain.started" and e["kind"] == n.kind for e in logs):
-            time.sleep(0.01)
+        _until(functools.partial(_started, logs, n.kind))
 
 
 def _all_done(logs: list[MutableMapping[str, Any]], n: int) -> None:
     """Wait for the ``drain.done`` of each of the test's ``n`` drains, so none of them logs
     into the next test's capture."""
-    while len([e for e in logs if e["event"] == "drain.done"]) < n:
-        time.sleep(0.02)
+    _until(lambda: len([e for e in logs if e["event"] == "drain.done"]) >= n)
 
 
 def test_a_later_notice_during_a_drain_keeps_it_draining_until_its_deadline(
