@@ -88,11 +88,28 @@ def _env_list(name: str, key: str, raw: str) -> Any:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+#: The variables Kubernetes puts into every container for each Service of the namespace
+#: (``enableServiceLinks``): a Service named ``ckpt-sidecar`` or ``ckpt-sidecar-metrics``
+#: gives ``CKPT_SIDECAR_SERVICE_HOST``, ``CKPT_SIDECAR_METRICS_PORT_9477_TCP_ADDR`` and the
+#: like. Never a key of ours (a key is a section and a key joined by ``__``).
+_SERVICE_LINK = re.compile(
+    r"(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
+)
+
+
+def is_service_link(name: str) -> bool:
+    """Whether the environment variable ``name`` (with :data:`ENV_PREFIX`) has the shape of
+    a Kubernetes service link rather than a config key."""
+    rest = name[len(ENV_PREFIX) :]
+    return "__" not in rest and _SERVICE_LINK.fullmatch(rest) is not None
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     list_keys = _list_keys(Config)
     tree: dict[str, Any] = {}
     for name, raw in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or is_service_link(name):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(path):

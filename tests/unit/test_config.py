@@ -73,6 +73,28 @@ def test_nested_backend_options_from_environment() -> None:
     assert cfg.destination.s3.part_concurrency == 3
 
 
+def test_kubernetes_service_links_are_not_taken_for_keys() -> None:
+    """Kubernetes gives every container variables for each Service in its namespace; a
+    Service named ckpt-sidecar (or ckpt-sidecar-metrics) must not stop the daemon with
+    exit 2, while a misspelt key still does."""
+    links = {
+        "CKPT_SIDECAR_SERVICE_HOST": "10.0.0.7",
+        "CKPT_SIDECAR_SERVICE_PORT": "9477",
+        "CKPT_SIDECAR_SERVICE_PORT_METRICS": "9477",
+        "CKPT_SIDECAR_PORT": "tcp://10.0.0.7:9477",
+        "CKPT_SIDECAR_PORT_9477_TCP": "tcp://10.0.0.7:9477",
+        "CKPT_SIDECAR_PORT_9477_TCP_PROTO": "tcp",
+        "CKPT_SIDECAR_PORT_9477_TCP_PORT": "9477",
+        "CKPT_SIDECAR_PORT_9477_TCP_ADDR": "10.0.0.7",
+        "CKPT_SIDECAR_METRICS_SERVICE_HOST": "10.0.0.8",
+        "CKPT_SIDECAR_METRICS_PORT_9477_UDP_ADDR": "10.0.0.8",
+    }
+    cfg = load(env={**links, "CKPT_SIDECAR_ADMIN__PORT": "9478"})
+    assert cfg.admin.port == 9478
+    with pytest.raises(ConfigError, match="shutdown_grace"):
+        load(env={**links, "CKPT_SIDECAR_SHUTDOWN_GRACE": "5"})
+
+
 BAD = [
     ("CKPT_SIDECAR_WATCH__MODE", "fanotify", "watch.mode"),
     ("CKPT_SIDECAR_WATCH__SETTLE_SECONDS", "-1", "watch.settle_seconds"),
