@@ -190,19 +190,30 @@ class DrainController:
         """Wait until the work is done or this notice's own deadline (a SIGTERM's grace is
         all the kubelet gives, however far a cloud notice's deadline), then report."""
         started = time.monotonic()
-        settle = self.d.cfg.watch.settle_seconds
+        watch = self.d.cfg.watch
+        # Quiet for this long ends the wait: a file closed just now is handed off by then; in
+        # polling mode a new one is not even seen before the next poll.
+        quiet = min(watch.settle_seconds, 1.0) + 0.2
+        if self.d.watcher.mode == "poll":
+            quiet += watch.poll_interval_seconds
         self.d.watcher.rescan()
         quiet_since: float | None = None
+        told: list[str] = []
         with self._changed:
             while time.monotonic() < deadline:
-                if self._idle():
+                saving = self.d.watcher.in_progress()
+                if saving and saving != told:
+                    told = saving
+                    log.info("drain.waiting_for_save", checkpoints=saving)
+                if self._idle() and not saving:
                     quiet_since = quiet_since or time.monotonic()
-                    if time.monotonic() - quiet_since >= min(settle, 1.0) + 0.2:
+                    if time.monotonic() - quiet_since >= quiet:
                         break
                 else:
                     quiet_since = None
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
+        saving = self.d.watcher.in_progress()
         missing = self.d.pending.names()
         if unwatched := self._unwatched():  # nothing was pending then
             log.error(
@@ -224,6 +235,7 @@ class DrainController:
             "margin_seconds": round(deadline - time.monotonic(), 3),
             "last_committed": last,
             "not_durable": missing,
+            "still_being_saved": saving,
         }
         log_fn = log.info if durable else log.error
         log_fn("drain.done", **self.outcome)

@@ -259,6 +259,23 @@ class CompletionTracker:
             self.entries[key].dirty = True  # a scan will find it gone and forget it
 
     # -- decisions --------------------------------------------------------------------------
+    def in_progress(self) -> list[str]:
+        """Checkpoint entries being saved: seen but not scanned yet, or changed within the last
+        ``open_hold`` seconds and not handed off as they are now (a file being written, a
+        folder still filling or waiting for its layout's last file). Names, sorted.
+
+        Callable from any thread: it judges a copy of the entries as they were a moment ago,
+        so an entry may have completed or changed since."""
+        now = self.clock()
+        out = []
+        for key, e in list(self.entries.items()):
+            if e.kind is not EntryKind.CHECKPOINT or e.retry_at:  # retry_at: unreadable
+                continue
+            snap = e.snapshot
+            if snap is None or (snap != e.emitted and now - e.since < self.open_hold):
+                out.append(key)
+        return sorted(out)
+
     def next_deadline(self) -> float | None:
         """Monotonic time of the next needed look, or None when nothing is pending."""
         times = [self._deadline(k, e) for k, e in self.entries.items() if e.dirty]

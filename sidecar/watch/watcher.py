@@ -164,6 +164,11 @@ class Watcher:
         self._requeue.put("")
         self._events.put(FileSystemEvent(""))
 
+    def in_progress(self) -> list[str]:
+        """Checkpoint entries being saved now (:meth:`CompletionTracker.in_progress`); empty
+        when the watcher does not run. Thread-safe."""
+        return self.tracker.in_progress() if self.alive else []
+
     def retry_later(self, key: str) -> None:
         """Ask for ``key`` to be handed off again once it is stable (thread-safe)."""
         self._requeue.put(key)

@@ -38,6 +38,31 @@ def test_sigterm_drains_then_exits_0(dirs: tuple[Path, Path], daemons: list[Daem
     assert {m.name for m in assert_invariant(remote)} == {"step_4.pt"}
 
 
+def test_sigterm_waits_for_a_checkpoint_still_being_written(
+    dirs: tuple[Path, Path], daemons: list[Daemon]
+) -> None:
+    """Slurm's scancel, or a pod without native sidecars, sends SIGTERM to the trainer and
+    the sidecar at once: the checkpoint the trainer is writing then is uploaded before the
+    sidecar exits, not left behind by a drain that found nothing queued."""
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    data = os.urandom(300_000)
+    with open(watch / "step_9.pt", "wb") as f:
+        f.write(data[:100_000])
+        f.flush()
+        d.proc.send_signal(signal.SIGTERM)
+        waiting = d.wait_for("drain.waiting_for_save")
+        assert waiting["checkpoints"] == ["step_9.pt"]
+        f.write(data[100_000:])
+    assert d.proc.wait(30) == 0
+    done = d.wait_for("drain.done")
+    assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_9.pt"
+    (manifest,) = assert_invariant(remote)
+    assert manifest.name == "step_9.pt" and manifest.size == len(data)
+
+
 def test_sigusr1_drains_and_keeps_running(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
     watch, remote = dirs
     d = Daemon(watch, f"file://{remote}")

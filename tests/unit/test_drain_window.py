@@ -41,7 +41,7 @@ def _daemon(root: Path) -> Any:
         current_start_bytes=0,
         pool=SimpleNamespace(meter=ThroughputMeter()),
         health=SimpleNamespace(watching=True),
-        watcher=SimpleNamespace(rescan=lambda: None),
+        watcher=SimpleNamespace(rescan=lambda: None, in_progress=lambda: [], mode="inotify"),
         last_committed=None,
         request_stop=lambda: None,
     )
