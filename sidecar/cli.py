@@ -147,7 +147,10 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 def _list(args: argparse.Namespace, backend: Backend) -> int:
     from sidecar.catalog import Catalog
 
-    items = Catalog.load(backend).all()
+    def invalid(key: str, reason: str) -> None:
+        _err(shown(f"not listed: manifest {key} cannot be read as a manifest ({reason})"))
+
+    items = Catalog.load(backend, on_invalid=invalid).all()
     rows = [
         {
             "name": m.name,
@@ -183,13 +186,18 @@ def _verify(args: argparse.Namespace, backend: Backend) -> int:
     if not args.all and not args.name:
         _err("verify needs a checkpoint NAME or --all")
         return EXIT_USAGE
-    items = Catalog.load(backend).all()
+    unreadable: list[tuple[str, str]] = []
+    items = Catalog.load(backend, on_invalid=lambda k, why: unreadable.append((k, why))).all()
     if args.name:
         items = [m for m in items if m.name == args.name]
         if not items:
             _err(f"no committed checkpoint named {args.name!r}")
             return EXIT_ERROR
     bad = 0
+    if args.all:  # a manifest that does not parse is a checkpoint that cannot be restored
+        for key, why in unreadable:
+            bad += 1
+            print(shown(f"FAILED  manifest {key}: cannot be read as a manifest ({why})"))
     with tempfile.TemporaryDirectory(prefix="ckpt-sidecar-verify-") as tmp:
         for m in items:
             try:

@@ -187,6 +187,13 @@ def test_list_and_verify(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None
     rows = json.loads(r.stdout)
     assert [(row["name"], row["step"], row["files"]) for row in rows] == [("a_1.pt", 1, 1)]
     assert cli("verify", "--all", "--deep", "--destination", f"file://{remote}").returncode == 0
+    # A manifest that does not parse is a checkpoint that cannot be restored: said, not hidden.
+    (remote / ".ckpt-sidecar/manifests/b_2.pt.json").write_text("{not json")
+    r = cli("verify", "--all", "--destination", f"file://{remote}")
+    assert r.returncode == 1 and "FAILED  manifest .ckpt-sidecar/manifests/b_2.pt.json" in r.stdout
+    r = cli("list", "--json", "--destination", f"file://{remote}")
+    assert r.returncode == 0 and [row["name"] for row in json.loads(r.stdout)] == ["a_1.pt"]
+    assert "b_2.pt.json cannot be read as a manifest" in r.stderr
     (remote / "a_1.pt").write_bytes(b"x" * 5000)
     r = cli("verify", "a_1.pt", "--deep", "--destination", f"file://{remote}")
     assert r.returncode == 1 and "a_1.pt" in r.stdout
