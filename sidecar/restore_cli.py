@@ -18,7 +18,9 @@ __all__ = ["restore_command"]
 
 def restore_command(args: argparse.Namespace, cfg: Config, backend: Backend) -> int:
     target = args.to.absolute()
-    cache = StateCache(target / ".ckpt-sidecar-state")
+    # The daemon's cache when state.dir is set (a systemd StateDirectory), so the daemon that
+    # starts next matches the restored files without reading them again.
+    cache = StateCache(cfg.state.dir or target / ".ckpt-sidecar-state")
     progress: Callable[[int], None] | None = None
     on_start: Callable[[Manifest], None] | None = None
     bar = None

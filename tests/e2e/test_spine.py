@@ -145,6 +145,33 @@ def test_restore_is_byte_identical_and_falls_back(
     assert any(p.name.startswith("step_1.replaced-") for p in again.iterdir())
 
 
+def test_restore_fills_the_state_folder_the_daemon_uses(
+    dirs: tuple[Path, Path], daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """With ``state.dir`` set (the systemd units' StateDirectory), restore records the
+    restored files' checksums there, where the daemon looks, not beside them."""
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    write_atomic(watch / "step_3.pt", os.urandom(100_000))
+    d.wait_for("checkpoint.committed", where=checkpoint_is("step_3.pt"))
+    assert d.terminate() == 0
+    target, state = tmp_path / "restored", tmp_path / "state"
+    target.mkdir()
+    r = cli(
+        "restore",
+        "--to",
+        str(target),
+        "--destination",
+        f"file://{remote}",
+        env={"CKPT_SIDECAR_STATE__DIR": str(state)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert str(target / "step_3.pt") in json.loads((state / "files.json").read_text())
+    assert not (target / ".ckpt-sidecar-state").exists()
+
+
 def test_restore_exit_codes_when_nothing_there(tmp_path: Path) -> None:
     empty = f"file://{tmp_path / 'remote'}"
     r = cli("restore", "--to", str(tmp_path / "t"), "--destination", empty)
