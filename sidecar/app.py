@@ -257,6 +257,8 @@ class Daemon:
             finally:
                 with self.lock:
                     self.current = None
+                if self.queue.depth()[0] == 0:  # a flush's uncapped run is over
+                    self.limiter.work_done()
                 self.drain.after_item()
 
     def _busy(self) -> bool:
@@ -395,6 +397,7 @@ class Daemon:
                 self.stop_event,
                 on_failure=lambda item, e: self._failed(item, "other_file", e),
                 root=cfg.watch.path.absolute(),
+                limiter=self.limiter,
             )
             self._start_thread("other-files", others.run)
         log.info("daemon.ready", watch=str(cfg.watch.path.absolute()), destination=self.backend.url)

@@ -122,7 +122,7 @@ class DrainController:
             deadline=rfc3339(notice.deadline),
             seconds_left=round(notice.deadline_mono - time.monotonic(), 1),
         )
-        self.d.limiter.lift()
+        self.d.limiter.lift(until=notice.deadline_mono)
         self._reprioritise()
         self._wait_and_report(notice.deadline_mono, exit_after)
 

@@ -12,7 +12,10 @@ __all__ = ["BandwidthLimiter"]
 class BandwidthLimiter:
     """``consume(n)`` blocks until ``n`` bytes fit under the rate; rate 0 means unlimited.
 
-    ``lift()`` removes the cap at once (drain); ``clock`` and ``sleep`` are injectable.
+    :meth:`lift` removes the cap at once, also for a ``consume`` already waiting: until a
+    monotonic time (a drain: its deadline), or until :meth:`work_done` (a flush, an early
+    warning: the work queued now goes uncapped). Afterwards the cap holds again.
+    ``clock`` and ``sleep`` are injectable. Thread-safe.
     """
 
     def __init__(
@@ -27,14 +30,25 @@ class BandwidthLimiter:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._next = clock()
-        self._lifted = threading.Event()
+        self._lifted_until = float("-inf")
+        self._until_done = False
 
-    def lift(self) -> None:
-        self._lifted.set()
+    def lift(self, until: float | None = None) -> None:
+        """No cap until the monotonic time ``until``, or, with None, until :meth:`work_done`."""
+        with self._lock:
+            if until is None:
+                self._until_done = True
+            else:
+                self._lifted_until = max(self._lifted_until, until)
+
+    def work_done(self) -> None:
+        """Nothing is left to upload: a lift without an end time is over."""
+        with self._lock:
+            self._until_done = False
 
     @property
     def limited(self) -> bool:
-        return self.rate > 0 and not self._lifted.is_set()
+        return self.rate > 0 and not self._until_done and self._clock() >= self._lifted_until
 
     def consume(self, n: int) -> None:
         if not self.limited:
@@ -44,7 +58,7 @@ class BandwidthLimiter:
             start = max(self._next, now - 1.0)  # allow at most one second of burst
             self._next = start + n / self.rate
             wait = self._next - now
-        while wait > 0 and not self._lifted.is_set():
+        while wait > 0 and self.limited:
             step = min(wait, 0.1)
             self._sleep(step)
             wait -= step

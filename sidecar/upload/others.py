@@ -3,7 +3,8 @@
 A file whose key a live manifest names is never written over (committed objects are
 immutable). With a ``root``, a file is read only when reached from it without a symlink on
 the way (:mod:`sidecar.upload.beneath`). A vanished file is skipped; a failed upload is
-handed to ``on_failure``.
+handed to ``on_failure``. Uploads keep to the ``limiter``
+(``upload.max_bandwidth_bytes_per_second``) and stop at the next block once ``stop`` is set.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sidecar.metrics import Metrics
 from sidecar.model import CheckpointReady
 from sidecar.queue import CheckpointQueue
 from sidecar.storage.base import Backend, Cancelled, StorageError
+from sidecar.upload.bandwidth import BandwidthLimiter
 from sidecar.upload.beneath import open_beneath, reopenable
 from sidecar.upload.retry import Backoff, retry
 
@@ -41,9 +43,11 @@ class OtherFilesLoop:
         on_failure: Callable[[CheckpointReady, Exception], None],
         *,
         root: Path | None = None,
+        limiter: BandwidthLimiter | None = None,
     ) -> None:
         self.backend = backend
         self.root = root
+        self.limiter = limiter
         self.queue = queue
         self.catalog = catalog
         self.metrics = metrics
@@ -56,6 +60,13 @@ class OtherFilesLoop:
             item = self.queue.get_other()  # None once the queue is closed at stop
             if item is not None:
                 self.upload(item)
+
+    def _progress(self, n: int) -> None:
+        """Under the same bandwidth cap as checkpoints; a stop cancels the upload."""
+        if self.stop.is_set():
+            raise Cancelled("stopping")
+        if self.limiter is not None:
+            self.limiter.consume(n)
 
     def upload(self, item: CheckpointReady) -> None:
         if self.catalog.names_key(item.name):
@@ -71,7 +82,9 @@ class OtherFilesLoop:
             try:
                 source = f.path if fd is None else reopenable(fd, f.path)
                 info = retry(
-                    functools.partial(self.backend.put_file, item.name, source),
+                    functools.partial(
+                        self.backend.put_file, item.name, source, progress=self._progress
+                    ),
                     self.backoff,
                     wait=self.stop.wait,
                 )

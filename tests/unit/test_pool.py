@@ -347,3 +347,30 @@ def test_the_checksum_of_a_file_seen_before_is_read_only_beneath_the_root(
             r.pool.checksum(path)
     finally:
         r.pool.close()
+
+
+def test_other_files_keep_to_the_bandwidth_cap(tmp_path: Path) -> None:
+    """Logs and configs go up under ``upload.max_bandwidth_bytes_per_second`` too."""
+    root, path = _in_watch(tmp_path, "logs", b"x" * 3000)
+    entry = FileEntry("w.pt", path, state_of(os.lstat(path)))
+    item = CheckpointReady("logs/w.pt", EntryKind.OTHER, False, (entry,), None, 0.0, 0.0)
+    counted: list[int] = []
+
+    class Counting(BandwidthLimiter):
+        def consume(self, n: int) -> None:
+            counted.append(n)
+
+    backend = Faulty()
+    loop = OtherFilesLoop(
+        backend,
+        CheckpointQueue(4, 1 << 30),
+        Catalog.load(backend),
+        Metrics(),
+        Backoff(attempts=2, initial=0.001, max_delay=0.005),
+        threading.Event(),
+        on_failure=lambda _, e: pytest.fail(f"failed: {e}"),
+        root=root,
+        limiter=Counting(1000),
+    )
+    loop.upload(item)
+    assert sum(counted) == 3000

@@ -195,3 +195,24 @@ def test_lift_removes_the_cap_even_mid_wait() -> None:
     before = ft.now
     lim.consume(10**9)
     assert ft.now == before
+
+
+def test_the_cap_holds_again_after_a_drain_or_a_flush() -> None:
+    """A drain lifts the cap until its deadline, a flush or an early warning until the work
+    queued then is done; after that the trainer's bandwidth is protected again."""
+    ft = FakeTime()
+    lim = BandwidthLimiter(1000, clock=ft.clock, sleep=ft.sleep)
+    lim.lift(until=ft.now + 30)  # a drain with 30 s to its deadline
+    lim.consume(10**9)
+    assert ft.slept == 0
+    ft.now += 31
+    assert lim.limited
+    lim.consume(1000)
+    lim.consume(1000)
+    assert ft.slept == pytest.approx(1.0, abs=0.01)
+    lim.lift()  # POST /v1/flush
+    before = ft.slept
+    lim.consume(10**9)
+    assert ft.slept == before
+    lim.work_done()
+    assert lim.limited
