@@ -332,6 +332,9 @@ class Daemon:
             newest = self.catalog.newest()
             if newest is not None and newest.step is not None:
                 self.metrics.last_step.set(newest.step)
+            times = [t for m in self.catalog.all() if (t := m.committed_ts()) is not None]
+            if times:  # as after a commit: a restart must not read as "never committed"
+                self.metrics.last_commit_time.set(max(times))
             self.health.catalog_loaded = True
             log.info("catalog.loaded", checkpoints=len(self.catalog.all()))
             return True

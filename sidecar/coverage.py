@@ -10,7 +10,6 @@ Anything else (a new run in an old destination) is not durable, and the daemon s
 from __future__ import annotations
 
 import os
-from datetime import datetime
 from pathlib import Path
 
 from sidecar.manifest import Manifest
@@ -22,9 +21,8 @@ __all__ = ["SAME_SAVE_SECONDS", "saved_with_newer_here", "written_after"]
 def written_after(item: CheckpointReady, manifest: Manifest) -> bool:
     """True when a file of ``item`` was modified after ``manifest`` was committed (or the
     commit time cannot be read: then nothing is assumed covered)."""
-    try:
-        committed = datetime.fromisoformat(manifest.committed_at).timestamp()
-    except ValueError:
+    committed = manifest.committed_ts()
+    if committed is None:
         return True
     return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
 

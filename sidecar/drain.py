@@ -213,6 +213,7 @@ class DrainController:
                     quiet_since = None
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
+        self.d.metrics.deadline_remaining.set(0)
         saving = self.d.watcher.in_progress()
         missing = self.d.pending.names()
         if unwatched := self._unwatched():  # nothing was pending then

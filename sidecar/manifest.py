@@ -74,6 +74,15 @@ class Manifest:
         """Newer sorts higher: (step, commit sequence); no step sorts before any step."""
         return (self.step if self.step is not None else -1, self.sequence)
 
+    def committed_ts(self) -> float | None:
+        """``committed_at`` as seconds since the epoch (a time without a zone is UTC, as the
+        daemon writes them), or None when it cannot be read."""
+        try:
+            when = datetime.fromisoformat(self.committed_at)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
     def same_content(self, other: Manifest) -> bool:
         """Same entry, same files, same bytes: the commit already happened."""
         return (self.name, self.is_dir, self.files) == (other.name, other.is_dir, other.files)

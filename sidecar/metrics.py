@@ -75,12 +75,14 @@ class Metrics:
         )
         self.notices = Counter(p + "notices", "Termination notices", ["source", "kind"], registry=r)
         self.drains = Counter(p + "drains", "Drains by outcome", ["outcome"], registry=r)
+        for outcome in ("committed", "missed"):  # at 0 from the start: increase() sees the 1st
+            self.drains.labels(outcome)
         self.drain_seconds = Histogram(
             p + "drain_duration_seconds", "Drain duration", buckets=_BYTES_BUCKETS, registry=r
         )
         self.deadline_remaining = Gauge(
             p + "notice_deadline_remaining_seconds",
-            "Seconds left before the notice deadline (absent when no notice)",
+            "Seconds left before the notice deadline while a drain waits (0 otherwise)",
             registry=r,
         )
         self.build = Info(p + "build", "Version and backend", registry=r)

@@ -10,6 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.harness import Daemon, admin_get, scrape, write_atomic
 
 TOKEN = "tkn-8c1f0e7d-never-logged"
@@ -42,6 +44,9 @@ def test_metrics_move_with_uploads_and_unprotected_seconds(
     before = scrape(port)
     assert before["ckpt_sidecar_unprotected_seconds{}"] == 0
     assert before["ckpt_sidecar_build_info{backend=file,version=0.1.0}"] == 1
+    # Both outcomes exist from the start, so increase() sees the first missed drain.
+    assert before["ckpt_sidecar_drains_total{outcome=missed}"] == 0
+    assert before["ckpt_sidecar_drains_total{outcome=committed}"] == 0
 
     write_atomic(watch / "step_1.pt", os.urandom(3 * 1024 * 1024))  # ~3 s at 1 MiB/s
     d.wait_for("checkpoint.ready")
@@ -65,6 +70,7 @@ def test_metrics_move_with_uploads_and_unprotected_seconds(
     drained = scrape(port)
     assert drained["ckpt_sidecar_drains_total{outcome=committed}"] == 1
     assert drained["ckpt_sidecar_notices_total{kind=usr1,source=signal}"] == 1
+    assert drained["ckpt_sidecar_notice_deadline_remaining_seconds{}"] == 0, "drain is over"
     status = json.loads(admin_get(port, "/v1/status")[1])
     assert status["state"] == "draining" and status["notice"]["source"] == "signal"
     assert (watch / ".ckpt-sidecar-notice.json").is_file()
@@ -72,6 +78,17 @@ def test_metrics_move_with_uploads_and_unprotected_seconds(
     assert d.terminate() == 0
     assert not any(TOKEN in line for line in d.raw), "the admin token appeared in the logs"
     assert not (remote / ".ckpt-sidecar-notice.json").exists()
+
+    # After a restart the newest commit's time is known before anything new is committed
+    # (it read 0, "56 years ago", until the next commit).
+    again = Daemon(watch, f"file://{remote}")
+    daemons.append(again)
+    again.wait_for("daemon.ready")
+    restarted = scrape(again.admin_port)
+    assert restarted["ckpt_sidecar_last_commit_timestamp_seconds{}"] == pytest.approx(
+        after["ckpt_sidecar_last_commit_timestamp_seconds{}"], abs=1.0
+    )
+    assert restarted["ckpt_sidecar_last_committed_step{}"] == 1
 
 
 def test_endpoints_and_methods(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
