@@ -173,6 +173,7 @@ class BackendConformance:
         backend.put_file("src/w.pt", _write(tmp_path / "w", data))
         info = backend.copy("src/w.pt", "dst/w.pt")
         assert info.size == len(data)
+        assert info.crc32c in (None, crc32c_of_bytes(data)), "a CRC32C given is the copy's"
         assert backend.get_bytes("dst/w.pt") == data
         assert backend.get_bytes("src/w.pt") == data
 
