@@ -25,6 +25,7 @@ from sidecar.storage.base import (
     NotFound,
     ObjectInfo,
     Progress,
+    TransientError,
 )
 from sidecar.storage.budget import Budget
 from sidecar.storage.buffers import PartBuffers, read_into
@@ -319,19 +320,17 @@ class S3Backend(Backend):
         self._client.close()
 
 
-def _read_small(
-    path: Path, buf: bytearray, progress: Progress | None
-) -> tuple[memoryview | bytes, str]:
+def _read_small(path: Path, buf: bytearray, progress: Progress | None) -> tuple[memoryview, str]:
     """A whole file below the multipart threshold, read into ``buf`` (a view of it), and its
-    CRC32C. A file that grew past ``buf`` is read to its end into new ``bytes``."""
+    CRC32C. A file that grew to fill ``buf`` raises :class:`TransientError` (it is not read
+    on into memory outside the part budget, however large it grew): the retry sizes it
+    again, and takes the multipart path if it is large now."""
     crc = Crc32c()
     with open_source(path) as f:
         n = read_into(f, memoryview(buf), crc)
-        body: memoryview | bytes = memoryview(buf)[:n]
-        if n == len(buf):
-            rest = f.read()
-            crc.update(rest)
-            body = bytes(body) + rest
+    if n == len(buf):
+        raise TransientError(f"{path} grew while it was read; reading it again")
+    body = memoryview(buf)[:n]
     if progress and body:
         progress(len(body))
     return body, crc.b64()
