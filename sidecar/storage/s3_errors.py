@@ -15,7 +15,9 @@ from botocore.exceptions import (
     FlexibleChecksumError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProxyConnectionError,
     ReadTimeoutError,
+    SSLError,
 )
 
 from sidecar.storage.base import (
@@ -93,6 +95,15 @@ def map_error(
         if starting:
             return PermanentError(
                 f"{msg}; check destination.s3.endpoint_url / AWS_ENDPOINT_URL_S3 and the network"
+            )
+        return TransientError(msg)
+    if isinstance(err, SSLError | ProxyConnectionError):
+        what = "TLS with the endpoint failed" if isinstance(err, SSLError) else "the proxy failed"
+        msg = f"{where}: {what} ({err})"
+        if starting:  # a wrong CA bundle, a self-signed endpoint, a bad HTTPS_PROXY: no outage
+            return PermanentError(
+                f"{msg}; check the endpoint's certificate and AWS_CA_BUNDLE, "
+                "destination.s3.endpoint_url, and HTTPS_PROXY / NO_PROXY"
             )
         return TransientError(msg)
     if isinstance(err, ConnectionClosedError | ReadTimeoutError | ConnectionError | TimeoutError):

@@ -64,6 +64,21 @@ def test_unreachable_endpoint(s3_env: S3Server) -> None:
     backend.close()
 
 
+def test_tls_failure_at_start_is_permanent(s3_env: S3Server) -> None:
+    """TLS that cannot work (here: https to a plain-HTTP port; a wrong CA bundle or a
+    self-signed endpoint alike) is a setting to fix, reported at start, not an outage
+    retried for ever with /readyz green."""
+    plain = s3_env.endpoint_url.rsplit(":", 1)[1]
+    backend = s3_backend(s3_env, "some-bucket", endpoint_url=f"https://127.0.0.1:{plain}")
+    with pytest.raises(PermanentError) as err:
+        backend.check()
+    msg = str(err.value)
+    assert "TLS with the endpoint failed" in msg and "AWS_CA_BUNDLE" in msg
+    with pytest.raises(TransientError):  # once running, it is retried like an outage
+        backend.put_bytes("x", b"x")
+    backend.close()
+
+
 def test_malformed_endpoint(s3_env: S3Server) -> None:
     with pytest.raises(PermanentError, match="endpoint_url"):
         s3_backend(s3_env, "b-b-b", endpoint_url="not a url")
