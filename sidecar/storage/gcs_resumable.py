@@ -56,6 +56,16 @@ def _persisted(resp: requests.Response) -> int:
     return int(m.group(1)) + 1 if m else 0
 
 
+class _ReadFailed(Exception):
+    """Reading the file failed inside a request body. Not an ``OSError``: urllib3 and requests
+    would take one for a broken connection and the session would retry it as such;
+    :func:`upload_resumable` raises the ``OSError`` itself instead."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
 class _Reader:
     """Reads the file for the whole upload; CRC32C and progress of bytes read the first time."""
 
@@ -67,9 +77,13 @@ class _Reader:
         self._unreported = 0
 
     def read(self, offset: int, n: int) -> bytes:
-        """``n`` bytes at ``offset``; raises :class:`TransientError` if the file is shorter."""
-        self.f.seek(self.base + offset)
-        data = self.f.read(n)
+        """``n`` bytes at ``offset``; raises :class:`TransientError` if the file is shorter,
+        :class:`_ReadFailed` if it cannot be read."""
+        try:
+            self.f.seek(self.base + offset)
+            data = self.f.read(n)
+        except OSError as e:
+            raise _ReadFailed(e) from e
         if len(data) != n:
             raise TransientError(
                 f"GCS upload {self.where}: the file shrank while it was read "
@@ -219,8 +233,8 @@ def upload_resumable(
     Returns ``(crc32c_b64, object_resource)``. ``progress`` gets the bytes read from the
     file, each byte once, in steps of about :data:`BLOCK`; the final request's bytes just
     before it is sent, so that a :class:`Cancelled` raised for them still leaves no object.
-    Raises :class:`TransientError` when the file shrinks while being read, else the mapped
-    :class:`StorageError`.
+    Raises :class:`TransientError` when the file shrinks while being read, ``OSError`` when it
+    cannot be read (a local fault, not the store's), else the mapped :class:`StorageError`.
     """
     session = _Session(http, session_url, bucket, name)
     reader = _Reader(f, size, f"gs://{bucket}/{name}", progress)
@@ -240,6 +254,9 @@ def upload_resumable(
                 f"GCS upload gs://{bucket}/{name}: the session did not finish the object"
             )
         return crc, resource
+    except _ReadFailed as e:
+        session.cancel()
+        raise e.err from None
     except BaseException:
         session.cancel()
         raise

@@ -3,14 +3,23 @@ request carries, how a session survives failures, and which errors reach the cal
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sidecar.storage import gcs_resumable
-from sidecar.storage.base import Cancelled, ChecksumMismatch, PermanentError, TransientError
+from sidecar.storage import gcs, gcs_resumable
+from sidecar.storage.base import (
+    Cancelled,
+    ChecksumMismatch,
+    PermanentError,
+    StorageError,
+    TransientError,
+)
 from sidecar.storage.checksum import crc32c_of_bytes
 from tests.servers.gcs import GcsRecorder, gcs_backend
 
@@ -133,6 +142,39 @@ def test_a_file_shrinking_midway_is_transient_and_leaves_no_object(
 
     with pytest.raises(TransientError, match="shrank"):
         backend.put_file("model.pt", path, progress=progress)
+    assert len(gcs_recorder.seen("DELETE", "upload_id")) == 1
+    assert gcs_recorder.objects == {}
+    backend.close()
+
+
+def test_a_file_that_cannot_be_read_is_a_local_error_not_the_stores(
+    gcs_recorder: GcsRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error reading the file midway (EIO, ESTALE on NFS) is raised as the OSError it
+    is, at once: not retried as a broken connection and reported as a GCS failure."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(os.urandom(8 * MiB))
+
+    @contextlib.contextmanager
+    def failing(p: Path) -> Iterator[Any]:
+        with open(p, "rb") as f:
+            read = f.read
+
+            def broken(n: int | None = -1) -> bytes:
+                if f.tell() >= 2 * MiB:
+                    raise OSError(errno.EIO, "Input/output error", str(p))
+                return read(n)
+
+            f.read = broken  # type: ignore[method-assign]
+            yield f
+
+    monkeypatch.setattr(gcs, "open_source", failing)
+    backend = gcs_backend(gcs_recorder.url, "b", "run")
+    with pytest.raises(OSError) as err:
+        backend.put_file("model.pt", path)
+    assert err.value.errno == errno.EIO and not isinstance(err.value, StorageError)
+    # The request cut by the error never completed; no status query or retry followed it.
+    assert gcs_recorder.seen("PUT", "upload_id") == [], "retried as a network error"
     assert len(gcs_recorder.seen("DELETE", "upload_id")) == 1
     assert gcs_recorder.objects == {}
     backend.close()
