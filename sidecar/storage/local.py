@@ -52,6 +52,23 @@ def _wrap(err: OSError, what: str) -> StorageError:
     return TransientError(f"{what}: {err}")
 
 
+#: What ``link(2)`` answers on a file system without hard links (FUSE mounts of object
+#: stores, some SMB shares).
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+#: What ``fsync(2)`` of a folder answers where the file system cannot sync one.
+_NO_FOLDER_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync ``folder`` where its file system can (where it cannot, a rename in it is as
+    durable as that file system makes it). Raises ``OSError``."""
+    try:
+        fsync_path(folder)
+    except OSError as e:
+        if e.errno not in _NO_FOLDER_SYNC:
+            raise
+
+
 def _make_folders(folder: Path) -> None:
     """Create ``folder`` and the folders above it that are missing, each made durable in
     its parent (fsync), so a crash cannot keep a file whose folder's name was lost."""
@@ -64,7 +81,7 @@ def _make_folders(folder: Path) -> None:
             made.mkdir()
         except FileExistsError:
             continue  # another writer made it: its own fsync covers it
-        fsync_path(made.parent)
+        _sync_folder(made.parent)
 
 
 class LocalBackend(Backend):
@@ -100,11 +117,21 @@ class LocalBackend(Backend):
                     os.link(tmp, target)
                 except FileExistsError:
                     raise AlreadyExists(str(target)) from None
+                except OSError as e:
+                    if e.errno in _NO_LINKS:
+                        raise PermanentError(
+                            f"publish {target}: this file system makes no hard links "
+                            f"({e.strerror}), and a manifest is written create-only by "
+                            "linking it into place; use a mount that has them (NFS, EFS, "
+                            "Filestore, Lustre, Azure Files over NFS) or the store's own "
+                            "destination (s3://, gs://, az://) instead of a FUSE mount"
+                        ) from e
+                    raise
                 finally:
                     tmp.unlink(missing_ok=True)
             else:
                 os.replace(tmp, target)
-            fsync_path(target.parent)
+            _sync_folder(target.parent)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _wrap(e, f"publish {target}") from e

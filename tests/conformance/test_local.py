@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import time
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.storage.base import AlreadyExists, Backend
+from sidecar.atomic_write import fsync_path
+from sidecar.storage import local
+from sidecar.storage.base import AlreadyExists, Backend, PermanentError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.local import TMP_PREFIX, LocalBackend
 from sidecar.storage.memory import MemoryBackend
@@ -43,6 +46,41 @@ class TestLocalBackend(BackendConformance):
         (tmp_path / "dest" / "src" / "w.pt").write_bytes(damaged)
         info = backend.copy("src/w.pt", "dst/w.pt")
         assert (info.size, info.crc32c) == (len(data), crc32c_of_bytes(bytes(damaged)))
+
+    def test_a_mount_without_hard_links_is_a_permanent_error_naming_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """gcsfuse, blobfuse2, mountpoint-s3 and some SMB shares answer link(2) with EPERM or
+        ENOTSUP: manifests can never be written there, and the message says why."""
+        backend = LocalBackend(tmp_path / "dest")
+
+        def no_links(src: object, dst: object) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+        with pytest.raises(PermanentError, match="makes no hard links") as err:
+            backend.put_bytes("m.json", b"{}", create_only=True)
+        assert "read-write" not in str(err.value)
+        assert list((tmp_path / "dest").iterdir()) == []
+
+    def test_a_mount_that_cannot_sync_a_folder_still_takes_writes(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Some FUSE and SMB mounts answer fsync(2) of a folder with EINVAL: the object is in
+        place and the write counts, instead of failing every time after the rename."""
+        backend = LocalBackend(tmp_path / "dest")
+        real = fsync_path
+
+        def files_only(path: Path) -> None:
+            if path.is_dir():
+                raise OSError(errno.EINVAL, "Invalid argument")
+            real(path)
+
+        monkeypatch.setattr(local, "fsync_path", files_only)
+        (tmp_path / "w").write_bytes(b"weights")
+        assert backend.put_file("a/b/w.pt", tmp_path / "w").size == 7
+        backend.put_bytes("m.json", b"{}", create_only=True)
+        assert backend.get_bytes("a/b/w.pt") == b"weights"
 
     def test_stale_temporary_files_swept(self, tmp_path: Path) -> None:
         backend = LocalBackend(tmp_path / "dest")
