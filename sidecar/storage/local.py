@@ -285,6 +285,18 @@ class LocalBackend(Backend):
             raise _wrap(e, f"create destination {self.root}") from e
         if not os.access(self.root, os.W_OK):
             raise PermanentError(f"destination {self.root} is not writable by this user")
+        # Manifests are published by a hard link (create-only): a mount without them is
+        # told at start, not at the first commit.
+        probe = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            with open(probe, "xb"):
+                pass
+            self._publish(probe, probe.with_name(probe.name + "-link"), create_only=True)
+        except OSError as e:
+            raise _wrap(e, f"write in destination {self.root}") from e
+        finally:
+            probe.unlink(missing_ok=True)
+            probe.with_name(probe.name + "-link").unlink(missing_ok=True)
 
     def cleanup_stale(self, older_than_seconds: float) -> int:
         """Remove ``.ckpt-sidecar-tmp-*`` files untouched for the age, or for a minute at most:

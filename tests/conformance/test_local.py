@@ -58,10 +58,15 @@ class TestLocalBackend(BackendConformance):
             raise OSError(errno.EPERM, "Operation not permitted")
 
         monkeypatch.setattr(os, "link", no_links)
+        with pytest.raises(PermanentError, match="makes no hard links"):
+            backend.check()  # told at start
         with pytest.raises(PermanentError, match="makes no hard links") as err:
             backend.put_bytes("m.json", b"{}", create_only=True)
         assert "read-write" not in str(err.value)
         assert list((tmp_path / "dest").iterdir()) == []
+        monkeypatch.undo()
+        backend.check()
+        assert list((tmp_path / "dest").iterdir()) == [], "the probe leaves nothing"
 
     def test_a_mount_that_cannot_sync_a_folder_still_takes_writes(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
