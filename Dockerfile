@@ -12,7 +12,7 @@
 # * Dependencies are pinned by the constraints below (every package the install resolves;
 #   tests/deploy/test_wheel.py fails when one is missing). Regenerate after changing
 #   pyproject.toml with:
-#     pip install --dry-run --ignore-installed --report report.json '.[crt,azure-identity]'
+#     pip install --dry-run --ignore-installed --report report.json '.[azure-identity]'
 #   and copy every "name==version" of report.json's "install" list (except ckpt-sidecar) below.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -29,7 +29,7 @@ COPY <<'EOF' /constraints.txt
 # build tools
 setuptools==84.2.1
 wheel==0.48.0
-# runtime: ckpt-sidecar[crt,azure-identity] resolved for CPython 3.11 on Linux
+# runtime: ckpt-sidecar[azure-identity] resolved for CPython 3.11 on Linux
 annotated-types==0.8.0
 awscrt==0.38.0
 azure-core==1.41.0
@@ -88,9 +88,11 @@ RUN python -m venv /opt/build \
     && /opt/build/bin/pip install --constraint /constraints.txt setuptools wheel \
     && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
-# crt: the AWS CRT transfer client (faster S3 multipart); azure-identity: workload identity
-# and managed identity on Azure (destination.azure.use_default_credential).
-ARG EXTRAS=crt,azure-identity
+# azure-identity: workload identity and managed identity on Azure
+# (destination.azure.use_default_credential). Not `crt`: the S3 uploads are our own multipart over
+# botocore, never the AWS CRT transfer client (measured, not adopted: bench/s3.md), and awscrt,
+# which computes the CRC32C, is already a base dependency; the extra would add nothing.
+ARG EXTRAS=azure-identity
 RUN python -m venv /opt/ckpt-sidecar \
     && /opt/ckpt-sidecar/bin/pip install --constraint /constraints.txt \
         "$(find /wheels -name 'ckpt_sidecar-*.whl')[${EXTRAS}]" \
@@ -132,10 +134,12 @@ VOLUME ["/checkpoints", "/tmp"]
 EXPOSE 9477
 
 # SIGTERM drains (uploads the newest complete checkpoint) and exits within
-# shutdown_grace_seconds; SIGUSR1 drains without exiting.
+# shutdown_grace_seconds; SIGUSR1 drains without exiting. The health check asks the port the
+# daemon listens on: CKPT_SIDECAR_ADMIN__PORT when `docker run -e` changes it, else 9477 (Python,
+# not curl: the slim base image has none).
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9477/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % (os.environ.get('CKPT_SIDECAR_ADMIN__PORT') or '9477'), timeout=4)"]
 
 ENTRYPOINT ["ckpt-sidecar"]
 CMD ["run"]

@@ -1,5 +1,6 @@
-"""What is complete locally but not yet durable: the answer to "if this node dies now, how
-much training do we lose?" and the drain's outcome.
+"""What is complete locally but not yet durable: the drain's outcome, and the
+``unprotected_seconds`` gauge (the age of the newest such checkpoint: each new one resets
+it, so it is a lower bound of what a reclaim now would lose).
 
 An entry leaves the set when it, or a newer checkpoint, is committed, or when it vanishes.
 A newer snapshot of the same name (written again during an upload) stays until its own

@@ -26,7 +26,8 @@ from tests.deploy.tools import (
 )
 
 DOCKERFILE = ROOT / "Dockerfile"
-EXTRAS = ("crt", "azure-identity")
+# Not "crt": the S3 uploads never use the CRT transfer client, and awscrt is a base dependency.
+EXTRAS = ("azure-identity",)
 
 
 def _final(word: str) -> list[str]:

@@ -4,14 +4,19 @@ Slurm itself cannot run here, so ``srun`` is a stand-in for a one-node allocatio
 ``--options`` and ``exec``s the command, so a signal sent to "srun" reaches the task, as Slurm's
 srun forwards it. Everything else is real: bash runs the batch script, the real ``ckpt-sidecar``
 restores and uploads to a ``file://`` destination, and a small trainer saves a checkpoint, then
-an emergency one when SIGUSR1 (what ``--signal=B:USR1@120`` sends) reaches it through the trap.
+an emergency one when the notice file appears: SIGUSR1 (what ``--signal=B:USR1@120`` sends)
+reaches the sidecar through the trap, and its drain writes the file. Like README.md's training
+loop, the trainer installs no SIGUSR1 handler, so a SIGUSR1 sent to it would kill it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +38,8 @@ exec "$@"
 """
 
 TRAINER = r"""
-import argparse, os, pathlib, signal, sys
+import argparse, json, os, pathlib, sys, time
+from sidecar.client import daemon_status, preemption_notice
 p = argparse.ArgumentParser()
 p.add_argument("--checkpoint-dir", type=pathlib.Path, required=True)
 d = p.parse_args().checkpoint_dir
@@ -45,12 +51,20 @@ def save(step):
 
 if os.environ["TRAINER_MODE"] == "resume":
     found = sorted(x.name for x in d.iterdir() if x.name.startswith("step_"))
-    pathlib.Path(os.environ["TRAINER_REPORT"]).write_text(" ".join(found))
+    status = daemon_status()  # at the admin port the script exported
+    report = {
+        "found": found,
+        "port": os.environ["CKPT_SIDECAR_ADMIN__PORT"],
+        "state": status and status.get("state"),
+    }
+    pathlib.Path(os.environ["TRAINER_REPORT"]).write_text(json.dumps(report))
     sys.exit(0)
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 save(1)
-if signal.sigtimedwait({signal.SIGUSR1}, 60) is None:
-    sys.exit(3)
+deadline = time.monotonic() + 60
+while preemption_notice(d) is None:  # no SIGUSR1 handler: the notice file is the cue
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.1)
 save(2)  # the emergency checkpoint
 """
 
@@ -61,6 +75,18 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.1)
+
+
+def _free_port_a_job_id_gives() -> int:
+    """A loopback port in 20000-29999 (what the script derives from the job id) free now."""
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail("no free port in 20000-29999")
 
 
 def _group(pgid: int) -> list[int]:
@@ -98,7 +124,16 @@ def test_directives_signal_the_batch_shell_before_the_grace_runs_out() -> None:
 
 
 class _Job:
-    def __init__(self, tmp: Path, ckpt_dir: Path, remote: Path, **env: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        ckpt_dir: Path,
+        remote: Path,
+        *,
+        job_id: int = 4242,
+        admin_port: int | None = None,
+        **env: str,
+    ) -> None:
         bin_dir = tmp / "bin"
         bin_dir.mkdir(exist_ok=True)
         srun = bin_dir / "srun"
@@ -109,7 +144,7 @@ class _Job:
         base = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
         base.update(
             PATH=f"{bin_dir}:{base['PATH']}",
-            SLURM_JOB_ID="4242",
+            SLURM_JOB_ID=str(job_id),
             SLURM_JOB_NAME="test",
             SLURM_JOB_NUM_NODES="1",
             SIDECAR_BIN=str(Path(sys.executable).parent / "ckpt-sidecar"),
@@ -118,9 +153,10 @@ class _Job:
             PYTHON=sys.executable,
             TRAIN_SCRIPT=str(trainer),
             CKPT_SIDECAR_PREEMPTION__SOURCE="none",
-            CKPT_SIDECAR_ADMIN__PORT=str(free_port()),
             CKPT_SIDECAR_SHUTDOWN_GRACE_SECONDS="30",
         )
+        if admin_port is not None:  # else the script derives it from the job id
+            base["CKPT_SIDECAR_ADMIN__PORT"] = str(admin_port)
         base.update(env)
         self.log_path = tmp / f"job-{ckpt_dir.parent.name}.log"
         self._log = self.log_path.open("wb")
@@ -155,7 +191,13 @@ def test_usr1_drains_the_emergency_checkpoint_and_the_next_job_restores_it(
 ) -> None:
     remote = tmp_path / "remote"
     manifests = remote / "node-0" / ".ckpt-sidecar" / "manifests"
-    first = _Job(tmp_path, tmp_path / "node-a" / "checkpoints", remote, TRAINER_MODE="train")
+    first = _Job(
+        tmp_path,
+        tmp_path / "node-a" / "checkpoints",
+        remote,
+        admin_port=free_port(),
+        TRAINER_MODE="train",
+    )
     try:
         _wait_for(
             lambda: (manifests / "step_1.pt.json").exists() or first.proc.poll() is not None,
@@ -171,15 +213,28 @@ def test_usr1_drains_the_emergency_checkpoint_and_the_next_job_restores_it(
         raise
     assert (manifests / "step_2.pt.json").exists(), first.log()
 
-    report = tmp_path / "resumed.txt"
+    report = tmp_path / "resumed.json"
     second_dir = tmp_path / "node-b" / "checkpoints"
-    second = _Job(tmp_path, second_dir, remote, TRAINER_MODE="resume", TRAINER_REPORT=str(report))
+    # No CKPT_SIDECAR_ADMIN__PORT: the script derives 20000 + job id % 10000, a free one here.
+    port = _free_port_a_job_id_gives()
+    second = _Job(
+        tmp_path,
+        second_dir,
+        remote,
+        job_id=70000 + port - 20000,
+        TRAINER_MODE="resume",
+        TRAINER_REPORT=str(report),
+    )
     try:
         # The trainer exits at once; the sidecar is then stopped with SIGTERM.
         assert second.finish(timeout=90) == 0
     except BaseException:
         print(second.log())
         raise
-    assert "step_2.pt" in report.read_text().split(), second.log()
+    resumed = json.loads(report.read_text())
+    assert "step_2.pt" in resumed["found"], second.log()
+    # The readiness check and the trainer's client both reached this job's sidecar there.
+    assert resumed["port"] == str(port)
+    assert resumed["state"] == "running", second.log()
     expected = (tmp_path / "node-a" / "checkpoints" / "step_2.pt").read_bytes()
     assert (second_dir / "step_2.pt").read_bytes() == expected

@@ -1,5 +1,6 @@
 """deploy/systemd: ``systemd-analyze verify`` and ``security`` on the units, plus the contract
-(SIGTERM drain fits TimeoutStopSec, restore before start, writable paths = the watched folder).
+(SIGTERM drain fits TimeoutStopSec, restore required before start, writable paths = the watched
+folder).
 
 ``systemd-analyze verify`` checks that ExecStart's binary exists. The units name
 /opt/ckpt-sidecar/bin/ckpt-sidecar, where the README installs it; the test verifies copies whose
@@ -120,6 +121,8 @@ def test_stop_covers_the_drain_and_hardening_is_on() -> None:
     assert "CKPT_SIDECAR_STATE__DIR=%S/ckpt-sidecar" in service["Environment"]
     assert service["StateDirectory"] == ["ckpt-sidecar"]
     assert RESTORE in unit["Unit"]["After"][0].split()
+    # Requires=, not Wants=: a failed restore must not let the daemon start on an empty folder.
+    assert RESTORE in unit["Unit"]["Requires"][0].split()
 
 
 def test_restore_unit_runs_once_before_training() -> None:
@@ -129,7 +132,10 @@ def test_restore_unit_runs_once_before_training() -> None:
         f"{INSTALLED} restore --to ${{CKPT_SIDECAR_WATCH__PATH}} --allow-empty"
     ]
     assert _seconds(service["TimeoutStartSec"][0]) >= 3600, "large restores outlast 90 s"
-    assert service["User"] == _parse(UNITS / SERVICE)["Service"]["User"]
+    daemon = _parse(UNITS / SERVICE)["Service"]
+    assert service["User"] == daemon["User"]
+    state = [e for e in service["Environment"] if e.startswith("CKPT_SIDECAR_STATE__DIR=")]
+    assert state == [e for e in daemon["Environment"] if e.startswith("CKPT_SIDECAR_STATE__DIR=")]
 
 
 def test_environment_file_loads_with_the_real_config() -> None:

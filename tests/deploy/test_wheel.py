@@ -24,7 +24,7 @@ from tests.servers.ports import free_port
 
 pytestmark = pytest.mark.wheel
 
-EXTRAS = "crt,azure-identity"
+EXTRAS = "azure-identity"  # the Dockerfile's ARG EXTRAS
 BUILD_CONTEXT = ("pyproject.toml", "README.md", "sidecar")
 
 
