@@ -129,12 +129,17 @@ class AzureBackend(Backend):
         return self._container.get_blob_client(self._name(key))
 
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str) -> Iterator[None]:
+    def _errors(self, op: str, key: str, *, starting: bool = False) -> Iterator[None]:
         try:
             yield
         except AzureError as e:
             raise map_error(
-                e, op=op, account=self.account, container=self.container_name, key=key
+                e,
+                op=op,
+                account=self.account,
+                container=self.container_name,
+                key=key,
+                starting=starting,
             ) from None
 
     def _info(self, key: str, props: BlobProperties) -> ObjectInfo:
@@ -300,7 +305,7 @@ class AzureBackend(Backend):
                     f"Azure account {self.account!r} is in {region!r}, "
                     f"outside destination.allowed_regions {self.allowed_regions}"
                 )
-        with self._errors("access check (list)", "/"):
+        with self._errors("access check (list)", "/", starting=True):
             pages = self._container.list_blobs(name_starts_with=self._root, results_per_page=1)
             next(iter(pages.by_page()), None)
 

@@ -56,14 +56,25 @@ def error_code(err: HttpResponseError) -> str:
     return str(getattr(code, "value", code))
 
 
-def map_error(err: Exception, *, op: str, account: str, container: str, key: str) -> StorageError:
-    """Translate ``err`` raised by ``op`` on ``key`` in ``account``/``container``."""
+def map_error(
+    err: Exception, *, op: str, account: str, container: str, key: str, starting: bool = False
+) -> StorageError:
+    """Translate ``err`` raised by ``op`` on ``key`` in ``account``/``container``.
+
+    ``starting`` marks the start-up check: a service that cannot be reached then (a wrong
+    account or endpoint, TLS that fails, no route) is a setting to fix; later, an outage."""
     where = f"Azure {op} of {key!r} in account {account!r}, container {container!r}"
     if isinstance(err, ClientAuthenticationError) and err.response is None:
         return PermanentError(f"{where}: no usable credential; {_CREDENTIAL_FIX}")
     if not isinstance(err, HttpResponseError) or err.response is None:
         kind = type(err).__name__
         if isinstance(err, ServiceRequestError):
+            if starting:
+                return PermanentError(
+                    f"{where}: the service could not be reached ({kind}); check the account "
+                    "name and endpoint in destination.url, the network, and TLS "
+                    "(REQUESTS_CA_BUNDLE, HTTPS_PROXY / NO_PROXY)"
+                )
             return TransientError(f"{where}: the service could not be reached ({kind})")
         return TransientError(f"{where}: the request failed on the way ({kind})")
     code = error_code(err)

@@ -93,3 +93,9 @@ def test_unreachable_endpoint_is_transient_and_hides_the_sas(tmp_path: Path) -> 
     assert "could not be reached" in text
     assert "THISISASECRET" not in text
     assert err.value.__cause__ is None and err.value.__suppress_context__
+    # At start-up it is a setting to fix (reported on /readyz), as on S3 and GCS.
+    with pytest.raises(PermanentError) as at_start:
+        backend.check()
+    text = _one_line(at_start.value)
+    assert "could not be reached" in text and "destination.url" in text
+    assert "THISISASECRET" not in text
