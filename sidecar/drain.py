@@ -169,6 +169,15 @@ class DrainController:
         with self.d.lock:
             return n == 0 and self.d.current is None and not self.d.pending.names()
 
+    def _saving(self) -> list[str]:
+        """Checkpoints being written now; a failure to tell is logged and taken for none, so
+        the drain still ends (it read the watcher's entries from this thread)."""
+        try:
+            return self.d.watcher.in_progress()
+        except Exception:
+            log.exception("drain.saving_unknown")
+            return []
+
     def _unwatched(self) -> list[str]:
         """Before the watcher runs (start-up has not reached the store): the entries of the
         watch folder that the layout takes for checkpoints, complete or not; this run
@@ -194,14 +203,14 @@ class DrainController:
         # Quiet for this long ends the wait: a file closed just now is handed off by then; in
         # polling mode a new one is not even seen before the next poll.
         quiet = min(watch.settle_seconds, 1.0) + 0.2
-        if self.d.watcher.mode == "poll":
-            quiet += watch.poll_interval_seconds
+        if self.d.watcher.mode == "poll":  # the rescan below polls at once; then one more
+            quiet += min(watch.poll_interval_seconds, 2.0)
         self.d.watcher.rescan()
         quiet_since: float | None = None
         told: list[str] = []
         with self._changed:
             while time.monotonic() < deadline:
-                saving = self.d.watcher.in_progress()
+                saving = self._saving()
                 if saving and saving != told:
                     told = saving
                     log.info("drain.waiting_for_save", checkpoints=saving)
@@ -214,7 +223,7 @@ class DrainController:
                 self.d.metrics.deadline_remaining.set(deadline - time.monotonic())
                 self._changed.wait(0.1)
         self.d.metrics.deadline_remaining.set(0)
-        saving = self.d.watcher.in_progress()
+        saving = self._saving()
         missing = self.d.pending.names()
         if unwatched := self._unwatched():  # nothing was pending then
             log.error(

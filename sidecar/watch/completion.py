@@ -59,6 +59,7 @@ class _Entry:
     last_scan: float = float("-inf")
     is_dir: bool = False  # known from its first judgement on
     retry_at: float = 0.0  # something in it could not be read: look again then, not sooner
+    held_open: bool = False  # at its last judgement a file of it was open for writing
 
 
 def _readable(path: Path) -> bool:
@@ -259,21 +260,27 @@ class CompletionTracker:
             self.entries[key].dirty = True  # a scan will find it gone and forget it
 
     # -- decisions --------------------------------------------------------------------------
-    def in_progress(self) -> list[str]:
-        """Checkpoint entries being saved: seen but not scanned yet, or changed within the last
-        ``open_hold`` seconds and not handed off as they are now (a file being written, a
-        folder still filling or waiting for its layout's last file). Names, sorted.
+    def in_progress(self, recent: float) -> list[str]:
+        """Checkpoint entries being saved: seen but not scanned yet, or not handed off as they
+        are now and changed within the last ``recent`` seconds (or, with a file of them open
+        for writing, within the open hold). Names, sorted. An entry that never completes (a
+        folder the layout does not take for whole) drops out ``recent`` seconds after its
+        last change.
 
         Callable from any thread: it judges a copy of the entries as they were a moment ago,
         so an entry may have completed or changed since."""
         now = self.clock()
         out = []
-        for key, e in list(self.entries.items()):
+        for key, e in self.entries.copy().items():  # one C-level copy: no switch midway
             if e.kind is not EntryKind.CHECKPOINT or e.retry_at:  # retry_at: unreadable
                 continue
             snap = e.snapshot
-            if snap is None or (snap != e.emitted and now - e.since < self.open_hold):
+            if snap is None:
                 out.append(key)
+            elif snap != e.emitted:
+                age = now - e.since
+                if age < recent or (e.held_open and age < self.open_hold):
+                    out.append(key)
         return sorted(out)
 
     def next_deadline(self) -> float | None:
@@ -330,8 +337,10 @@ class CompletionTracker:
         stable = now - e.since >= self.settle
         if not snap:
             return None
+        e.held_open = False
         if e.kind is EntryKind.CHECKPOINT and self.writers(key) > 0:
             if now - e.since < self.open_hold:
+                e.held_open = True
                 return None
             self._drop_handles(key, now - e.since)
         is_dir = e.is_dir = (self.root / key).is_dir()

@@ -45,6 +45,10 @@ _IDLE_CHECK = 5.0  # seconds between checks that the root still exists while idl
 #: read: the daemon's own reads make two events per file, and taken one by one they cost
 #: several times the CPU (bench/commit_latency.md, 10,000 files)
 BATCH_SECONDS = 0.02
+#: A checkpoint entry not complete yet counts as being saved (a drain waits for it) while it
+#: changed in the last this many seconds: longer than a writer's pause between two files of
+#: one save, short enough that a folder that never completes holds a drain only briefly.
+SAVING_SECONDS = 5.0
 #: the events the tracker needs. Not "modified" (IN_MODIFY, one per write() call: a trainer
 #: writing in 64 KiB pieces cost the daemon 0.48 CPU-s per GiB in event handling alone,
 #: bench/watch_events.md) nor "attrib": a file being written is held open (counted from its
@@ -165,9 +169,16 @@ class Watcher:
         self._events.put(FileSystemEvent(""))
 
     def in_progress(self) -> list[str]:
-        """Checkpoint entries being saved now (:meth:`CompletionTracker.in_progress`); empty
-        when the watcher does not run. Thread-safe."""
-        return self.tracker.in_progress() if self.alive else []
+        """Checkpoint entries being saved now (:meth:`CompletionTracker.in_progress`: changed
+        in the last :data:`SAVING_SECONDS`, or settle time if longer, plus a poll interval in
+        polling mode, when a change is seen that much later); empty when the watcher does not
+        run. Thread-safe."""
+        if not self.alive:
+            return []
+        recent = max(self.tracker.settle, SAVING_SECONDS)
+        if self.mode == "poll":
+            recent += self.poll_interval
+        return self.tracker.in_progress(recent)
 
     def retry_later(self, key: str) -> None:
         """Ask for ``key`` to be handed off again once it is stable (thread-safe)."""

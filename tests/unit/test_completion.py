@@ -637,3 +637,37 @@ def test_checkpoint_names_the_store_could_not_hold_are_skipped_with_a_reason(
     t.rescan_all()
     assert names(run_for(t, clock, SETTLE + 0.3)) == ["step_3.pt"]
     assert dict(skipped) == {"step_1@g1.pt": "a checkpoint name may not contain '@'; rename it"}
+
+
+def test_in_progress_names_a_save_under_way_and_lets_go_of_one_that_never_completes(
+    tmp_path: Path,
+) -> None:
+    """What a drain waits for: an entry being written; not a folder that never completes (a
+    TensorBoard folder under the torch-dcp layout), for longer than ``recent`` after its last
+    change; a file held open for writing up to the open hold."""
+    clock = Clock()
+    t = tracker(tmp_path, clock, layout="torch-dcp")
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.1").write_bytes(b"x")
+    t.event(tmp_path / "tb" / "events.1", "created")
+    assert t.in_progress(5.0) == ["tb"], "seen, not scanned yet"
+    t.tick()
+    assert t.in_progress(5.0) == ["tb"]
+    clock.advance(5.1)
+    t.tick()
+    assert t.in_progress(5.0) == [], "no .metadata ever: not a save once quiet"
+
+    t = tracker(tmp_path, clock)  # plain: a file open for writing
+    p = tmp_path / "step_1.pt"
+    with open(p, "wb") as f:
+        t.event(p, "created")
+        t.event(p, "opened")
+        f.write(b"half")
+        f.flush()
+        t.tick()
+        clock.advance(30)
+        assert t.tick() == []
+        assert t.in_progress(5.0) == ["step_1.pt"], "held open, unchanged for 30 s"
+    t.event(p, "closed")
+    assert names(t.tick()) == ["step_1.pt"]
+    assert t.in_progress(5.0) == [], "handed off"
