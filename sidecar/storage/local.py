@@ -59,6 +59,14 @@ _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 _NO_FOLDER_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
+def _discard(path: Path) -> None:
+    """Remove a temporary file of ours, best effort: a mount that refuses deletes (some FUSE
+    mounts of object stores) must not turn the error being reported into another; what is
+    left is swept at the next start."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
 def _sync_folder(folder: Path) -> None:
     """fsync ``folder`` where its file system can (where it cannot, a rename in it is as
     durable as that file system makes it). Raises ``OSError``."""
@@ -128,12 +136,12 @@ class LocalBackend(Backend):
                         ) from e
                     raise
                 finally:
-                    tmp.unlink(missing_ok=True)
+                    _discard(tmp)
             else:
                 os.replace(tmp, target)
             _sync_folder(target.parent)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise _wrap(e, f"publish {target}") from e
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> ObjectInfo:
@@ -162,7 +170,7 @@ class LocalBackend(Backend):
                 finally:
                     os.close(dst)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise
         self._publish(tmp, target, create_only=False)
         return ObjectInfo(key=key, size=size, crc32c=crc.b64(), mtime=time.time())
@@ -176,7 +184,7 @@ class LocalBackend(Backend):
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise _wrap(e, f"write {target}") from e
         self._publish(tmp, target, create_only=create_only)
         crc = Crc32c()
@@ -270,7 +278,7 @@ class LocalBackend(Backend):
                 finally:
                     os.close(dst_fd)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise _wrap(e, f"copy {src} to {dst}") from e
         self._publish(tmp, target, create_only=False)
         # The CRC32C of the bytes the copy holds, as the stores that report one do: the
@@ -295,8 +303,8 @@ class LocalBackend(Backend):
         except OSError as e:
             raise _wrap(e, f"write in destination {self.root}") from e
         finally:
-            probe.unlink(missing_ok=True)
-            probe.with_name(probe.name + "-link").unlink(missing_ok=True)
+            _discard(probe)
+            _discard(probe.with_name(probe.name + "-link"))
 
     def cleanup_stale(self, older_than_seconds: float) -> int:
         """Remove ``.ckpt-sidecar-tmp-*`` files untouched for the age, or for a minute at most:
@@ -309,7 +317,7 @@ class LocalBackend(Backend):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     p = Path(dirpath) / name
-                    with contextlib.suppress(FileNotFoundError):
+                    with contextlib.suppress(OSError):  # gone, or a mount refusing deletes
                         if p.stat().st_mtime < cutoff:
                             p.unlink()
                             removed += 1
