@@ -6,7 +6,11 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["BandwidthLimiter"]
+__all__ = ["LIFT_AT_MOST_SECONDS", "BandwidthLimiter"]
+
+#: A lift without an end time (a flush, an early warning) ends by then even if the queue
+#: never runs empty after it (it was empty already, or other files kept going).
+LIFT_AT_MOST_SECONDS = 600.0
 
 
 class BandwidthLimiter:
@@ -14,7 +18,8 @@ class BandwidthLimiter:
 
     :meth:`lift` removes the cap at once, also for a ``consume`` already waiting: until a
     monotonic time (a drain: its deadline), or until :meth:`work_done` (a flush, an early
-    warning: the work queued now goes uncapped). Afterwards the cap holds again.
+    warning: the work queued now goes uncapped; at most :data:`LIFT_AT_MOST_SECONDS`).
+    Afterwards the cap holds again.
     ``clock`` and ``sleep`` are injectable. Thread-safe.
     """
 
@@ -30,25 +35,27 @@ class BandwidthLimiter:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._next = clock()
-        self._lifted_until = float("-inf")
-        self._until_done = False
+        self._lifted_until = float("-inf")  # a drain's lift
+        self._done_by = float("-inf")  # a lift until work_done(), bounded
 
     def lift(self, until: float | None = None) -> None:
-        """No cap until the monotonic time ``until``, or, with None, until :meth:`work_done`."""
+        """No cap until the monotonic time ``until``, or, with None, until :meth:`work_done`
+        (at most :data:`LIFT_AT_MOST_SECONDS`)."""
         with self._lock:
             if until is None:
-                self._until_done = True
+                self._done_by = self._clock() + LIFT_AT_MOST_SECONDS
             else:
                 self._lifted_until = max(self._lifted_until, until)
 
     def work_done(self) -> None:
         """Nothing is left to upload: a lift without an end time is over."""
         with self._lock:
-            self._until_done = False
+            self._done_by = float("-inf")
 
     @property
     def limited(self) -> bool:
-        return self.rate > 0 and not self._until_done and self._clock() >= self._lifted_until
+        now = self._clock()
+        return self.rate > 0 and now >= self._lifted_until and now >= self._done_by
 
     def consume(self, n: int) -> None:
         if not self.limited:

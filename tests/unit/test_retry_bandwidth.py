@@ -15,7 +15,7 @@ from sidecar.storage.base import (
     PermanentError,
     TransientError,
 )
-from sidecar.upload.bandwidth import BandwidthLimiter
+from sidecar.upload.bandwidth import LIFT_AT_MOST_SECONDS, BandwidthLimiter
 from sidecar.upload.retry import Backoff, retry
 
 
@@ -216,3 +216,7 @@ def test_the_cap_holds_again_after_a_drain_or_a_flush() -> None:
     assert ft.slept == before
     lim.work_done()
     assert lim.limited
+    lim.lift()  # a flush with nothing queued: no work_done() may ever follow
+    assert not lim.limited
+    ft.now += LIFT_AT_MOST_SECONDS
+    assert lim.limited, "a lift without an end is bounded"
