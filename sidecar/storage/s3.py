@@ -171,7 +171,10 @@ class S3Backend(Backend):
             return ObjectInfo(key=key, size=total, crc32c=whole, mtime=time.time())
         self._budget.acquire()
         try:
-            buf = self._buffers.take(size + 1)
+            # Room to spare, so a log appended to while it is read goes up as read (the pool
+            # tells a checkpoint file that changed by its stat afterwards); only growth past it
+            # is read again.
+            buf = self._buffers.take(min(opts.multipart_threshold_bytes, size + _SMALL_SLACK))
             try:
                 body, crc = _read_small(path, buf, progress)  # no hand-off for a small file
                 r = self._put(key, body, crc)
@@ -318,6 +321,10 @@ class S3Backend(Backend):
         self._copiers.shutdown(wait=True)
         self._getters.shutdown(wait=True)
         self._client.close()
+
+
+#: Bytes a small file may grow by while it is read and still go up in that read.
+_SMALL_SLACK = 64 * 1024
 
 
 def _read_small(path: Path, buf: bytearray, progress: Progress | None) -> tuple[memoryview, str]:
