@@ -90,26 +90,37 @@ def _env_list(name: str, key: str, raw: str) -> Any:
 
 #: The variables Kubernetes puts into every container for each Service of the namespace
 #: (``enableServiceLinks``): a Service named ``ckpt-sidecar`` or ``ckpt-sidecar-metrics``
-#: gives ``CKPT_SIDECAR_SERVICE_HOST``, ``CKPT_SIDECAR_METRICS_PORT_9477_TCP_ADDR`` and the
-#: like. Never a key of ours (a key is a section and a key joined by ``__``).
-_SERVICE_LINK = re.compile(
-    r"(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
-    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
-)
+#: gives ``CKPT_SIDECAR_SERVICE_HOST=10.0.0.7``, ``CKPT_SIDECAR_PORT=tcp://10.0.0.7:9477``,
+#: ``CKPT_SIDECAR_METRICS_PORT_9477_TCP_ADDR=10.0.0.8`` and the like: each name shape with
+#: the value Kubernetes gives it, so a misspelt key (``CKPT_SIDECAR_ADMIN_PORT=9478``) is
+#: still refused.
+_SERVICE_LINK = {
+    re.compile(r"(?:[A-Z0-9_]+_)?SERVICE_HOST"): re.compile(r"[0-9A-Fa-f.:]+"),
+    re.compile(r"(?:[A-Z0-9_]+_)?SERVICE_PORT(?:_[A-Z0-9_]+)?"): re.compile(r"[0-9]+"),
+    re.compile(r"(?:[A-Z0-9_]+_)?PORT(?:_[0-9]+_(?:TCP|UDP|SCTP))?"): re.compile(
+        r"(?:tcp|udp|sctp)://\S+"
+    ),
+    re.compile(r"(?:[A-Z0-9_]+_)?PORT_[0-9]+_(?:TCP|UDP|SCTP)_PROTO"): re.compile(r"tcp|udp|sctp"),
+    re.compile(r"(?:[A-Z0-9_]+_)?PORT_[0-9]+_(?:TCP|UDP|SCTP)_PORT"): re.compile(r"[0-9]+"),
+    re.compile(r"(?:[A-Z0-9_]+_)?PORT_[0-9]+_(?:TCP|UDP|SCTP)_ADDR"): re.compile(r"[0-9A-Fa-f.:]+"),
+}
 
 
-def is_service_link(name: str) -> bool:
-    """Whether the environment variable ``name`` (with :data:`ENV_PREFIX`) has the shape of
-    a Kubernetes service link rather than a config key."""
+def is_service_link(name: str, value: str) -> bool:
+    """Whether the environment variable ``name`` (with :data:`ENV_PREFIX`) and its ``value``
+    have the shape of a Kubernetes service link rather than a config key."""
     rest = name[len(ENV_PREFIX) :]
-    return "__" not in rest and _SERVICE_LINK.fullmatch(rest) is not None
+    return "__" not in rest and any(
+        shape.fullmatch(rest) is not None and held.fullmatch(value) is not None
+        for shape, held in _SERVICE_LINK.items()
+    )
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     list_keys = _list_keys(Config)
     tree: dict[str, Any] = {}
     for name, raw in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX) or is_service_link(name):
+        if not name.startswith(ENV_PREFIX) or is_service_link(name, raw):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(path):

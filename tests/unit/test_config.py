@@ -93,6 +93,8 @@ def test_kubernetes_service_links_are_not_taken_for_keys() -> None:
     assert cfg.admin.port == 9478
     with pytest.raises(ConfigError, match="shutdown_grace"):
         load(env={**links, "CKPT_SIDECAR_SHUTDOWN_GRACE": "5"})
+    with pytest.raises(ConfigError, match="admin_port"):  # one _ too few: not a link's value
+        load(env={**links, "CKPT_SIDECAR_ADMIN_PORT": "9478"})
 
 
 BAD = [
