@@ -184,7 +184,15 @@ class Notice:
 
 _FileKey = tuple[int, int, int]
 _file_cache: dict[Path, tuple[_FileKey, Notice]] = {}
-_status_cache: dict[str, tuple[float, Notice | None]] = {}
+#: per admin URL: (monotonic time of the last answer or give-up, reached?, the notice seen)
+_status_cache: dict[str, tuple[float, bool, Notice | None]] = {}
+#: when this process started using the client: a notice whose deadline passed before then is
+#: a previous run's (a VM stopped and started again with its disk), not this one's
+_STARTED = time.time()
+#: seconds one status request may take; a sidecar that does not answer is asked again only
+#: after :data:`UNREACHABLE_BACKOFF_SECONDS`, so a hung one costs a training loop little
+STATUS_TIMEOUT_SECONDS = 0.5
+UNREACHABLE_BACKOFF_SECONDS = 10.0
 
 
 def preemption_notice(
@@ -200,8 +208,11 @@ def preemption_notice(
     exists it is parsed once per (mtime, size, inode) and the parsed notice is reused.
     With ``admin_url``, and no notice file, the daemon's ``/v1/status`` is also asked, at
     most every ``status_interval`` seconds (for a trainer that cannot see the sidecar's
-    folder). A daemon that cannot be reached is not a notice. Never raises for a missing
-    or unreadable file or an unreachable daemon.
+    folder; a request waits at most :data:`STATUS_TIMEOUT_SECONDS`, and a daemon that did not
+    answer is asked again only after :data:`UNREACHABLE_BACKOFF_SECONDS`). A daemon that
+    cannot be reached is not a notice, nor is one whose deadline passed before this process
+    started (a previous run's). Never raises for a missing or unreadable file or an
+    unreachable daemon.
 
     The daemon leaves the notice file in place (the machine is going away); restore into a
     fresh folder, or delete the file, before training in the same folder again.
@@ -210,13 +221,20 @@ def preemption_notice(
     try:
         st = os.stat(path)
     except OSError:
-        return _from_status(admin_url, status_interval) if admin_url else None
+        return _current(_from_status(admin_url, status_interval)) if admin_url else None
     key = (st.st_mtime_ns, st.st_size, st.st_ino)
     cached = _file_cache.get(path)
     if cached is not None and cached[0] == key:
-        return cached[1]
+        return _current(cached[1])
     notice = _read_notice_file(path, st.st_mtime)
     _file_cache[path] = (key, notice)
+    return _current(notice)
+
+
+def _current(notice: Notice | None) -> Notice | None:
+    """``notice`` unless its deadline passed before this process started (an earlier run's)."""
+    if notice is not None and notice.deadline.timestamp() < _STARTED:
+        return None
     return notice
 
 
@@ -253,13 +271,16 @@ def _parse_time(text: object) -> datetime:
 
 
 def _from_status(admin_url: str, interval: float) -> Notice | None:
-    now = time.monotonic()
     cached = _status_cache.get(admin_url)
-    if cached is not None and now - cached[0] < interval:
-        return cached[1]
-    status = daemon_status(admin_url, timeout=1.0)
+    if cached is not None:
+        answered, reached, notice = cached
+        wait = interval if reached else max(interval, UNREACHABLE_BACKOFF_SECONDS)
+        if time.monotonic() - answered < wait:
+            return notice
+    status = daemon_status(admin_url, timeout=STATUS_TIMEOUT_SECONDS)
     notice = _notice_from(status.get("notice")) if status else None
-    _status_cache[admin_url] = (now, notice)
+    # timed from the answer, not the ask: a slow answer must not make the next ask immediate
+    _status_cache[admin_url] = (time.monotonic(), status is not None, notice)
     return notice
 
 
@@ -369,7 +390,10 @@ def latest_local_checkpoint(
         is_dir = de.is_dir(follow_symlinks=False)
         if not rules.matches(name, is_dir):
             continue
-        snap = scan_entry(Path(de.path))
+        try:
+            snap = scan_entry(Path(de.path))
+        except PermissionError:  # a root-owned lost+found: skipped, as the daemon does
+            continue
         if not snap or not rules.complete(name, is_dir, snap, root):
             continue
         step = step_of(name, step_regex)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import sys
 import threading
@@ -36,6 +37,7 @@ from sidecar.client import (
 )
 from sidecar.drain import NOTICE_FILE
 from sidecar.manifest import rfc3339
+from sidecar.watch import scan
 from sidecar.watch.layouts import is_temporary
 
 
@@ -191,6 +193,19 @@ def test_an_unreadable_notice_file_still_means_act_now(tmp_path: Path) -> None:
     assert n is not None and n.source == "unknown" and n.seconds_left() <= 0
 
 
+def test_a_notice_from_before_this_process_started_is_a_previous_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VM stopped and started again keeps its disk: the last run's notice, its deadline long
+    past, must not stop the new trainer at its first step."""
+    old = {"source": "aws", "kind": "terminate", "deadline": rfc3339(time.time() - 3600)}
+    (tmp_path / NOTICE_FILE).write_text(json.dumps({**old, "received_at": old["deadline"]}))
+    monkeypatch.setattr(client, "_STARTED", time.time())
+    assert preemption_notice(tmp_path) is None
+    _write_notice(tmp_path)  # this run's
+    assert preemption_notice(tmp_path) is not None
+
+
 def test_default_folder_and_admin_url_follow_the_daemons_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -288,6 +303,21 @@ def test_notice_from_status_when_the_folder_is_not_shared(
     assert preemption_notice(tmp_path, admin_url=dead_url) is None  # unreachable: no notice
 
 
+def test_a_sidecar_that_never_answers_costs_the_training_loop_little(tmp_path: Path) -> None:
+    """A sidecar that accepts connections but does not answer (stopped, starved): each ask
+    waits at most STATUS_TIMEOUT_SECONDS and the next comes only after the back-off, not at
+    every step (it cost about 1 s a step)."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)  # the kernel completes connections; nothing ever replies
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        started = time.monotonic()
+        for _ in range(50):  # 50 steps, asking "every step"
+            assert preemption_notice(tmp_path, admin_url=url, status_interval=0) is None
+        spent = time.monotonic() - started
+    assert spent < client.STATUS_TIMEOUT_SECONDS + 1.0, f"{spent:.1f} s for 50 steps"
+
+
 def test_wait_for_durable_returns_once_the_step_is_committed(status: _Status) -> None:
     def commit_on_third(s: _Status) -> None:
         if s.requests >= 3:
@@ -328,6 +358,27 @@ def test_newest_dcp_checkpoint_is_the_newest_with_metadata(tmp_path: Path) -> No
             (d / ".metadata").write_bytes(b"m")
     (tmp_path / "step_000200" / ".metadata.tmp").write_bytes(b"m")  # DCP mid-rename
     assert latest_local_checkpoint(tmp_path, layout="torch-dcp") == tmp_path / "step_000150"
+
+
+def test_an_unreadable_folder_is_skipped_as_the_daemon_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root-owned lost+found at an NVMe mount point matches torch-dcp's "any folder"; the
+    trainer resumes from the real checkpoint instead of crashing (as root, where a mode
+    cannot deny it, the refusal is simulated)."""
+    (tmp_path / "lost+found").mkdir()
+    done = tmp_path / "step_000100"
+    done.mkdir()
+    (done / ".metadata").write_bytes(b"m")
+    real = scan.scan_entry
+
+    def refuse(path: Path, *args: Any) -> Any:
+        if path.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(scan, "scan_entry", refuse)
+    assert latest_local_checkpoint(tmp_path, layout="torch-dcp") == done
 
 
 def test_step_regex_and_ties(tmp_path: Path) -> None:
