@@ -12,15 +12,19 @@
 * At start it resumes from the newest complete ``step_<N>/`` in ``--dir``
   (``latest_local_checkpoint(dir, layout="torch-dcp")``), e.g. after ``ckpt-sidecar restore``.
 
-With more ranks, call the same functions on every rank (DCP saves collectively); each node's
-sidecar uploads what its node wrote, under its own prefix (``.../node-<rank>``).
+With more ranks, call the same functions on every rank (DCP saves collectively) into one
+folder all ranks share (rank 0 alone writes ``.metadata``: on node-local disks the other
+nodes' folders never complete), with one sidecar uploading it; and reduce the notice across
+ranks (``all_reduce`` with ``MAX``) so that every rank stops at the same step.
 Deterministic: interrupted and resumed, it ends bit for bit where an uninterrupted run does.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +72,13 @@ def say(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--dir", type=Path, default=default_watch_dir(), help="checkpoint folder")
+    p.add_argument(
+        "--dir",
+        "--checkpoint-dir",
+        type=Path,
+        default=default_watch_dir(),
+        help="checkpoint folder",
+    )
     p.add_argument("--steps", type=int, default=300, help="train until this step")
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
@@ -125,17 +135,20 @@ def train(args: argparse.Namespace) -> int:
         say(f"saved {kind} checkpoint {name}")
         return name
 
+    # SIGTERM (pod eviction, scancel, systemctl stop) is a notice too: Python's default
+    # would end the process at once, before its emergency save.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     while step < args.steps:
         notice = preemption_notice(args.dir)
-        if notice is not None:
-            say(
-                f"preemption notice from {notice.source} ({notice.kind}): "
-                f"{notice.seconds_left():.0f} s left, stopping at step {step}"
-            )
+        if notice is not None or terminated.is_set():
+            left = notice.seconds_left() if notice is not None else args.durable_timeout + 5
+            said = f"notice from {notice.source} ({notice.kind})" if notice else "SIGTERM"
+            say(f"preemption {said}: {left:.0f} s left, stopping at step {step}")
             name = save("emergency") if step != last_saved else f"step_{step:06d}"
-            wait = max(min(args.durable_timeout, notice.seconds_left() - 5), 1.0)
+            wait = max(min(args.durable_timeout, left - 5), 1.0)
             if wait_for_durable(step, timeout=wait, admin_url=args.admin_url):
                 say(f"{name} is durable; exiting so the job can resume elsewhere")
             else:

@@ -6,9 +6,9 @@
   with ``atomic_save``: a temporary name, fsync, rename. The sidecar (default layout
   ``plain``) uploads each file once it is renamed into place.
 * Every step it calls ``preemption_notice()`` (one ``stat`` while there is none). When the
-  sidecar announces that the machine is being reclaimed, it writes an emergency checkpoint
-  of the step it is at, waits until the sidecar reports it committed (``wait_for_durable``),
-  and exits 0.
+  sidecar announces that the machine is being reclaimed (or SIGTERM arrives), it writes an
+  emergency checkpoint of the step it is at, waits until the sidecar reports it committed
+  (``wait_for_durable``), and exits 0.
 * At start it resumes from the newest checkpoint in ``--dir`` (``latest_local_checkpoint``),
   e.g. one that ``ckpt-sidecar restore --to <dir>`` brought back on a new machine.
 
@@ -20,7 +20,9 @@ number of times, it ends with the same weights, bit for bit, as a run that never
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,13 @@ def say(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--dir", type=Path, default=default_watch_dir(), help="checkpoint folder")
+    p.add_argument(
+        "--dir",
+        "--checkpoint-dir",
+        type=Path,
+        default=default_watch_dir(),
+        help="checkpoint folder",
+    )
     p.add_argument("--steps", type=int, default=300, help="train until this step")
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
@@ -109,17 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         say(f"saved {kind} checkpoint {name}")
         return name
 
+    # SIGTERM (pod eviction, scancel, systemctl stop) is a notice too: Python's default
+    # would end the process at once, before its emergency save.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     while step < args.steps:
         notice = preemption_notice(args.dir)
-        if notice is not None:
-            say(
-                f"preemption notice from {notice.source} ({notice.kind}): "
-                f"{notice.seconds_left():.0f} s left, stopping at step {step}"
-            )
+        if notice is not None or terminated.is_set():
+            left = notice.seconds_left() if notice is not None else args.durable_timeout + 5
+            said = f"notice from {notice.source} ({notice.kind})" if notice else "SIGTERM"
+            say(f"preemption {said}: {left:.0f} s left, stopping at step {step}")
             name = save("emergency") if step != last_saved else f"step_{step:06d}.pt"
-            wait = max(min(args.durable_timeout, notice.seconds_left() - 5), 1.0)
+            wait = max(min(args.durable_timeout, left - 5), 1.0)
             if wait_for_durable(step, timeout=wait, admin_url=args.admin_url):
                 say(f"{name} is durable; exiting so the job can resume elsewhere")
             else:

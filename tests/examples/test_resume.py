@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import random
 import re
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -247,3 +248,29 @@ def test_s3_sigkill_then_spot_notice_resumes_bit_exact(
     watch = job.restored("machine-b", committed, written_on="machine-a")
     stopped = job.spot_notice_at_random_step(watch, committed)
     job.finish_and_compare("machine-c", stopped, "machine-b", references)
+
+
+def test_sigterm_to_the_trainer_saves_waits_for_durable_and_exits_0(
+    tmp_path: Path, job_parts: dict[str, Any]
+) -> None:
+    """Kubernetes (native sidecars) and systemd stop the trainer first, with SIGTERM, while
+    the sidecar runs on: the example takes it for a notice (Python's default would end it
+    at once), writes an emergency checkpoint, waits until it is committed and exits 0."""
+    job = Job(EXAMPLES["plain"], _file(tmp_path), **job_parts)
+    watch = tmp_path / "machine-a"
+    watch.mkdir()
+    port = free_port()
+    d = job.daemon(watch, CKPT_SIDECAR_ADMIN__PORT=str(port))
+    admin = f"http://127.0.0.1:{port}"
+    run = job.trainer(watch, "--step-seconds", PACE, "--log-every", "1", "--admin-url", admin)
+    with _explained(run, d, watch):
+        d.wait_for("daemon.ready", timeout=60)
+        run.wait_for_step(SAVE_EVERY + 3)
+        run.proc.send_signal(signal.SIGTERM)
+        stopped = int(run.wait_for(r"preemption SIGTERM: .* at step (\d+)")[1])
+        out = run.finish(timeout=90)
+    entry = job.ex.entry(stopped)
+    if stopped % SAVE_EVERY:  # at a regular save's step, that save is the checkpoint
+        assert f"saved emergency checkpoint {entry}" in out, out
+    assert f"{entry} is durable" in out, out
+    d.wait_for("checkpoint.committed", where=checkpoint_is(entry))
