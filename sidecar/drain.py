@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["NOTICE_FILE", "DrainController"]
 
 log = structlog.get_logger("sidecar.drain")
+#: in polling mode a drain asks for a look at the watch folder this often (a poll interval
+#: of a minute on a network file system would not see a save begun after the drain started)
+_POLL_DURING_DRAIN_SECONDS = 1.0
 
 
 def clear_stale_notice(root: Path) -> None:
@@ -203,13 +206,18 @@ class DrainController:
         # Quiet for this long ends the wait: a file closed just now is handed off by then; in
         # polling mode a new one is not even seen before the next poll.
         quiet = min(watch.settle_seconds, 1.0) + 0.2
-        if self.d.watcher.mode == "poll":  # the rescan below polls at once; then one more
-            quiet += min(watch.poll_interval_seconds, 2.0)
+        polling = self.d.watcher.mode == "poll"
+        if polling:  # a save begun now is seen at the next look, asked for every second
+            quiet += _POLL_DURING_DRAIN_SECONDS
         self.d.watcher.rescan()
+        looked = time.monotonic()
         quiet_since: float | None = None
         told: list[str] = []
         with self._changed:
             while time.monotonic() < deadline:
+                if polling and time.monotonic() - looked >= _POLL_DURING_DRAIN_SECONDS:
+                    self.d.watcher.rescan()
+                    looked = time.monotonic()
                 saving = self._saving()
                 if saving and saving != told:
                     told = saving

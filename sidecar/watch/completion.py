@@ -44,6 +44,7 @@ _MIN_RESCAN = 0.1  # seconds between two scans of one entry
 UNREADABLE_RETRY_SECONDS = 5.0  # an entry with something unreadable is looked at this often
 #: the least time counted open handles may hold an unchanged entry back (see the docstring)
 MIN_OPEN_HOLD_SECONDS = 60.0
+_MAX_UNNAMED = 256  # files under temporary names kept account of before strays are dropped
 EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
 
 
@@ -60,6 +61,15 @@ class _Entry:
     is_dir: bool = False  # known from its first judgement on
     retry_at: float = 0.0  # something in it could not be read: look again then, not sooner
     held_open: bool = False  # at its last judgement a file of it was open for writing
+
+
+def _written(path: Path, wall: float, within: float) -> bool:
+    """Whether the file at ``path`` was modified in the last ``within`` seconds (a write
+    makes no event the watcher listens for)."""
+    try:
+        return wall - os.stat(path, follow_symlinks=False).st_mtime < within
+    except OSError:
+        return False
 
 
 def _readable(path: Path) -> bool:
@@ -106,6 +116,8 @@ class CompletionTracker:
         self.on_unreadable = on_unreadable
         self.entries: dict[str, _Entry] = {}
         self.handles = OpenHandles()
+        #: files under a temporary or hidden top-level name: (opened - closed, last event)
+        self._unnamed: dict[Path, tuple[int, float]] = {}
 
     # -- classification ------------------------------------------------------------------
     def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
@@ -152,6 +164,7 @@ class CompletionTracker:
                     e.dirty = True
             self._pointer_target()
             return
+        self._note_unnamed(path, kind)
         # Handles are counted for every path, before classification: cheap (the daemon's own
         # reads make two such events per file), and a handle opened under a temporary name
         # still counts after the rename into place.
@@ -176,6 +189,36 @@ class CompletionTracker:
             e.fast = True
         elif kind == "created":
             e.fast = False
+
+    def _note_unnamed(self, path: Path, kind: EventKind) -> None:
+        """Keep account of files written under a temporary or hidden name in the root, which
+        the writer renames into place when whole (``atomic_save``'s ``.<name>.<random>.tmp``,
+        Orbax's ``*-tmp-*`` folders): not entries, but a save under way (:meth:`in_progress`).
+        The daemon's own ``.ckpt-sidecar*`` names are not."""
+        try:
+            parts = path.relative_to(self.root).parts
+        except ValueError:
+            return
+        if not parts or parts[0].startswith(".ckpt-sidecar"):
+            return
+        top = parts[0]
+        if not (is_temporary(top) or (top.startswith(".") and len(parts) == 1)):
+            return
+        now = self.clock()
+        if kind == "deleted" and len(parts) == 1:  # renamed into place, or removed
+            for p in [p for p in self._unnamed if p == path or path in p.parents]:
+                del self._unnamed[p]
+            return
+        opened, _ = self._unnamed.get(path, (0, 0.0))
+        if kind == "opened":
+            opened += 1
+        elif kind in ("closed", "closed_no_write"):
+            opened = max(opened - 1, 0)
+        self._unnamed[path] = (opened, now)
+        if len(self._unnamed) > _MAX_UNNAMED:  # strays never renamed nor removed: forget them
+            for p, (n, last) in list(self._unnamed.items()):
+                if now - last > self.open_hold and (n == 0 or now - last > 10 * self.open_hold):
+                    del self._unnamed[p]
 
     def moved(self, src: Path, dest: Path | None) -> None:
         """A rename: open handles follow the file (later writes and the close use ``dest``).
@@ -263,9 +306,11 @@ class CompletionTracker:
     def in_progress(self, recent: float) -> list[str]:
         """Checkpoint entries being saved: seen but not scanned yet, or not handed off as they
         are now and changed within the last ``recent`` seconds (or, with a file of them open
-        for writing, within the open hold). Names, sorted. An entry that never completes (a
-        folder the layout does not take for whole) drops out ``recent`` seconds after its
-        last change.
+        for writing, within the open hold); and top-level temporary or hidden names being
+        written (a save that will be renamed into place: open and written to within
+        ``recent`` seconds or opened within the open hold, or touched within ``recent``
+        seconds). Names, sorted. An entry that never completes (a folder the layout does not
+        take for whole) drops out ``recent`` seconds after its last change.
 
         Callable from any thread: it judges a copy of the entries as they were a moment ago,
         so an entry may have completed or changed since."""
@@ -281,7 +326,12 @@ class CompletionTracker:
                 age = now - e.since
                 if age < recent or (e.held_open and age < self.open_hold):
                     out.append(key)
-        return sorted(out)
+        wall = self.wall()
+        for path, (opened, last) in self._unnamed.copy().items():
+            age = now - last
+            if age < recent or (opened and (age < self.open_hold or _written(path, wall, recent))):
+                out.append(path.relative_to(self.root).parts[0])
+        return sorted(set(out))
 
     def next_deadline(self) -> float | None:
         """Monotonic time of the next needed look, or None when nothing is pending."""
@@ -331,13 +381,13 @@ class CompletionTracker:
         return ready
 
     def _decide(self, key: str, e: _Entry, snap: Snapshot, now: float) -> CheckpointReady | None:
+        e.held_open = False
         if snap == e.emitted:  # handed off as it is now: nothing to judge again ...
             e.dirty = self._open_other(key, e)  # ... unless it is open: it may grow unseen
             return None
         stable = now - e.since >= self.settle
         if not snap:
             return None
-        e.held_open = False
         if e.kind is EntryKind.CHECKPOINT and self.writers(key) > 0:
             if now - e.since < self.open_hold:
                 e.held_open = True

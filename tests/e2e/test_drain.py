@@ -63,6 +63,32 @@ def test_sigterm_waits_for_a_checkpoint_still_being_written(
     assert manifest.name == "step_9.pt" and manifest.size == len(data)
 
 
+def test_sigterm_waits_for_a_save_under_a_temporary_name(
+    dirs: tuple[Path, Path], daemons: list[Daemon]
+) -> None:
+    """``atomic_save`` writes ``.<name>.<random>.tmp`` and renames it into place when whole:
+    a drain that starts meanwhile waits for it as for any save under way."""
+    watch, remote = dirs
+    d = Daemon(watch, f"file://{remote}")
+    daemons.append(d)
+    d.wait_for("daemon.ready")
+    data = os.urandom(300_000)
+    tmp = watch / ".step_11.pt.3f9a.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data[:100_000])
+        f.flush()
+        d.proc.send_signal(signal.SIGTERM)
+        waiting = d.wait_for("drain.waiting_for_save")
+        assert waiting["checkpoints"] == [tmp.name]
+        f.write(data[100_000:])
+    os.replace(tmp, watch / "step_11.pt")
+    assert d.proc.wait(30) == 0
+    done = d.wait_for("drain.done")
+    assert done["outcome"] == "committed" and done["last_committed"]["name"] == "step_11.pt"
+    (manifest,) = assert_invariant(remote)
+    assert manifest.name == "step_11.pt" and manifest.size == len(data)
+
+
 def test_sigusr1_drains_and_keeps_running(dirs: tuple[Path, Path], daemons: list[Daemon]) -> None:
     watch, remote = dirs
     d = Daemon(watch, f"file://{remote}")

@@ -671,3 +671,47 @@ def test_in_progress_names_a_save_under_way_and_lets_go_of_one_that_never_comple
     t.event(p, "closed")
     assert names(t.tick()) == ["step_1.pt"]
     assert t.in_progress(5.0) == [], "handed off"
+
+
+def test_in_progress_counts_a_save_under_a_temporary_name_until_it_is_renamed(
+    tmp_path: Path,
+) -> None:
+    """``atomic_save`` and Orbax write under a temporary name and rename when whole; the
+    daemon's own ``.ckpt-sidecar*`` files are not a save."""
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    tmp = tmp_path / ".step_2.pt.ab12.tmp"
+    tmp.write_bytes(b"half")
+    t.event(tmp, "created")
+    t.event(tmp, "opened")
+    t.event(tmp_path / ".ckpt-sidecar-notice.json.x1", "opened")
+    assert t.in_progress(5.0) == [tmp.name]
+    clock.advance(30)  # one long write: no event, but open
+    assert t.in_progress(5.0) == [tmp.name]
+    t.event(tmp, "closed")
+    os.replace(tmp, tmp_path / "step_2.pt")
+    t.moved(tmp, tmp_path / "step_2.pt")
+    t.event(tmp, "deleted")
+    t.event(tmp_path / "step_2.pt", "moved_in")
+    assert t.in_progress(5.0) == ["step_2.pt"], "now the entry, until handed off"
+    assert names(t.tick()) == ["step_2.pt"]
+    assert t.in_progress(5.0) == []
+
+
+def test_a_folder_emptied_while_held_open_is_not_a_save(tmp_path: Path) -> None:
+    clock = Clock()
+    t = tracker(tmp_path, clock)
+    d = tmp_path / "step_000200"
+    d.mkdir()
+    f = d / "model.bin"
+    f.write_bytes(b"x")
+    t.event(f, "created")
+    t.event(f, "opened")
+    t.tick()
+    f.unlink()  # a failed save cleaned up; the close went unseen
+    t.event(f, "deleted")
+    t.tick()
+    assert t.in_progress(5.0) == ["step_000200"], "it just changed"
+    clock.advance(5.1)
+    t.tick()
+    assert t.in_progress(5.0) == [], "not held for the open hold: nothing in it is open"
