@@ -192,7 +192,7 @@ _STARTED = time.time()
 #: seconds one status request may take; a sidecar that does not answer is asked again only
 #: after :data:`UNREACHABLE_BACKOFF_SECONDS`, so a hung one costs a training loop little
 STATUS_TIMEOUT_SECONDS = 0.5
-UNREACHABLE_BACKOFF_SECONDS = 10.0
+UNREACHABLE_BACKOFF_SECONDS = 5.0
 
 
 def preemption_notice(
@@ -210,8 +210,8 @@ def preemption_notice(
     most every ``status_interval`` seconds (for a trainer that cannot see the sidecar's
     folder; a request waits at most :data:`STATUS_TIMEOUT_SECONDS`, and a daemon that did not
     answer is asked again only after :data:`UNREACHABLE_BACKOFF_SECONDS`). A daemon that
-    cannot be reached is not a notice, nor is one whose deadline passed before this process
-    started (a previous run's). Never raises for a missing or unreadable file or an
+    cannot be reached is not a notice, nor is one received, with its deadline passed, before
+    this process started (a previous run's). Never raises for a missing or unreadable file or an
     unreachable daemon.
 
     The daemon leaves the notice file in place (the machine is going away); restore into a
@@ -232,8 +232,9 @@ def preemption_notice(
 
 
 def _current(notice: Notice | None) -> Notice | None:
-    """``notice`` unless its deadline passed before this process started (an earlier run's)."""
-    if notice is not None and notice.deadline.timestamp() < _STARTED:
+    """``notice`` unless it was received and its deadline passed before this process started
+    (an earlier run's). A notice received since counts, whatever its deadline."""
+    if notice is not None and max(notice.deadline, notice.received_at).timestamp() < _STARTED:
         return None
     return notice
 

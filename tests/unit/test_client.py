@@ -204,6 +204,12 @@ def test_a_notice_from_before_this_process_started_is_a_previous_runs(
     assert preemption_notice(tmp_path) is None
     _write_notice(tmp_path)  # this run's
     assert preemption_notice(tmp_path) is not None
+    # Received now with a deadline already past (a sidecar that read the cloud's notice
+    # late): this run's, act at once.
+    late = {**old, "received_at": rfc3339(time.time())}
+    (tmp_path / NOTICE_FILE).write_text(json.dumps(late))
+    n = preemption_notice(tmp_path)
+    assert n is not None and n.seconds_left() < 0
 
 
 def test_default_folder_and_admin_url_follow_the_daemons_variables(
