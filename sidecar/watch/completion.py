@@ -199,7 +199,7 @@ class CompletionTracker:
             parts = path.relative_to(self.root).parts
         except ValueError:
             return
-        if not parts or parts[0].startswith(".ckpt-sidecar"):
+        if not parts or "ckpt-sidecar" in parts[0]:  # ours, e.g. the notice file's temporary
             return
         top = parts[0]
         if not (is_temporary(top) or (top.startswith(".") and len(parts) == 1)):

@@ -684,7 +684,8 @@ def test_in_progress_counts_a_save_under_a_temporary_name_until_it_is_renamed(
     tmp.write_bytes(b"half")
     t.event(tmp, "created")
     t.event(tmp, "opened")
-    t.event(tmp_path / ".ckpt-sidecar-notice.json.x1", "opened")
+    t.event(tmp_path / ".ckpt-sidecar-state" / "files.json", "opened")
+    t.event(tmp_path / "..ckpt-sidecar-notice.json.9c1e.ckpt-sidecar-tmp", "opened")
     assert t.in_progress(5.0) == [tmp.name]
     clock.advance(30)  # one long write: no event, but open
     assert t.in_progress(5.0) == [tmp.name]
