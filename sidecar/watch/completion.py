@@ -22,7 +22,9 @@ Hidden and temporary top-level names are ignored; other files are tracked one by
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +46,16 @@ _MIN_RESCAN = 0.1  # seconds between two scans of one entry
 UNREADABLE_RETRY_SECONDS = 5.0  # an entry with something unreadable is looked at this often
 #: the least time counted open handles may hold an unchanged entry back (see the docstring)
 MIN_OPEN_HOLD_SECONDS = 60.0
-_MAX_UNNAMED = 256  # files under temporary names kept account of before strays are dropped
+#: Top-level names a save is written under before it is renamed into place: atomic_save's
+#: ``.<name>.<random>.tmp`` (or ``.tmp.<ext>`` when the writer adds an extension), Orbax's
+#: ``<step>.orbax-checkpoint-tmp-<n>``, the HF Trainer's ``tmp-checkpoint-<n>``. Not editor
+#: files (``*.swp``, ``*~``), nor anything of the daemon's own (``*ckpt-sidecar*``).
+_SAVE_TEMP = re.compile(
+    "|".join(
+        fnmatch.translate(g)
+        for g in ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "tmp-checkpoint-*", ".*.tmp.*")
+    )
+)
 EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
 
 
@@ -63,9 +74,13 @@ class _Entry:
     held_open: bool = False  # at its last judgement a file of it was open for writing
 
 
+def _is_save_temp(name: str) -> bool:
+    return "ckpt-sidecar" not in name and _SAVE_TEMP.match(name) is not None
+
+
 def _written(path: Path, wall: float, within: float) -> bool:
-    """Whether the file at ``path`` was modified in the last ``within`` seconds (a write
-    makes no event the watcher listens for)."""
+    """Whether ``path`` (a file, or a folder: a name added or removed in it) was modified in
+    the last ``within`` seconds (a write makes no event the watcher listens for)."""
     try:
         return wall - os.stat(path, follow_symlinks=False).st_mtime < within
     except OSError:
@@ -116,8 +131,9 @@ class CompletionTracker:
         self.on_unreadable = on_unreadable
         self.entries: dict[str, _Entry] = {}
         self.handles = OpenHandles()
-        #: files under a temporary or hidden top-level name: (opened - closed, last event)
-        self._unnamed: dict[Path, tuple[int, float]] = {}
+        #: top-level names of saves not yet renamed into place (:data:`_SAVE_TEMP`):
+        #: (handles opened - closed, monotonic time of its last event)
+        self._saves: dict[str, tuple[int, float]] = {}
 
     # -- classification ------------------------------------------------------------------
     def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
@@ -164,7 +180,7 @@ class CompletionTracker:
                     e.dirty = True
             self._pointer_target()
             return
-        self._note_unnamed(path, kind)
+        self._note_save(path, kind)
         # Handles are counted for every path, before classification: cheap (the daemon's own
         # reads make two such events per file), and a handle opened under a temporary name
         # still counts after the rename into place.
@@ -190,35 +206,37 @@ class CompletionTracker:
         elif kind == "created":
             e.fast = False
 
-    def _note_unnamed(self, path: Path, kind: EventKind) -> None:
-        """Keep account of files written under a temporary or hidden name in the root, which
-        the writer renames into place when whole (``atomic_save``'s ``.<name>.<random>.tmp``,
-        Orbax's ``*-tmp-*`` folders): not entries, but a save under way (:meth:`in_progress`).
-        The daemon's own ``.ckpt-sidecar*`` names are not."""
+    def _note_save(self, path: Path, kind: EventKind) -> None:
+        """Keep account of a save written under a temporary top-level name, which the writer
+        renames into place when whole: not an entry, but a save under way
+        (:meth:`in_progress`). Its handles are counted; reads do not make it recent."""
         try:
             parts = path.relative_to(self.root).parts
         except ValueError:
             return
-        if not parts or "ckpt-sidecar" in parts[0]:  # ours, e.g. the notice file's temporary
+        if not parts or not _is_save_temp(parts[0]):
             return
         top = parts[0]
-        if not (is_temporary(top) or (top.startswith(".") and len(parts) == 1)):
-            return
-        now = self.clock()
         if kind == "deleted" and len(parts) == 1:  # renamed into place, or removed
-            for p in [p for p in self._unnamed if p == path or path in p.parents]:
-                del self._unnamed[p]
+            self._saves.pop(top, None)
             return
-        opened, _ = self._unnamed.get(path, (0, 0.0))
+        handles, last = self._saves.get(top, (0, float("-inf")))
         if kind == "opened":
-            opened += 1
+            handles += 1
         elif kind in ("closed", "closed_no_write"):
-            opened = max(opened - 1, 0)
-        self._unnamed[path] = (opened, now)
-        if len(self._unnamed) > _MAX_UNNAMED:  # strays never renamed nor removed: forget them
-            for p, (n, last) in list(self._unnamed.items()):
-                if now - last > self.open_hold and (n == 0 or now - last > 10 * self.open_hold):
-                    del self._unnamed[p]
+            handles = max(handles - 1, 0)
+        if kind not in ("opened", "closed_no_write"):  # written, created, moved, removed
+            last = self.clock()
+        self._saves[top] = (handles, last)
+
+    def _rescan_saves(self, names: list[str]) -> None:
+        """The saves under temporary names now in the root (start-up, polling, overflow):
+        found ones are judged by their mtime, gone ones forgotten."""
+        found = {n for n in names if _is_save_temp(n)}
+        for top in [t for t in self._saves if t not in found]:
+            del self._saves[top]
+        for top in found:
+            self._saves.setdefault(top, (0, float("-inf")))
 
     def moved(self, src: Path, dest: Path | None) -> None:
         """A rename: open handles follow the file (later writes and the close use ``dest``).
@@ -285,6 +303,7 @@ class CompletionTracker:
             names = sorted(p.name for p in self.root.iterdir())
         except FileNotFoundError:
             names = []
+        self._rescan_saves(names)
         present: set[str] = set()
         for name in names:
             path = self.root / name
@@ -306,11 +325,11 @@ class CompletionTracker:
     def in_progress(self, recent: float) -> list[str]:
         """Checkpoint entries being saved: seen but not scanned yet, or not handed off as they
         are now and changed within the last ``recent`` seconds (or, with a file of them open
-        for writing, within the open hold); and top-level temporary or hidden names being
-        written (a save that will be renamed into place: open and written to within
-        ``recent`` seconds or opened within the open hold, or touched within ``recent``
-        seconds). Names, sorted. An entry that never completes (a folder the layout does not
-        take for whole) drops out ``recent`` seconds after its last change.
+        for writing, within the open hold); and saves under a temporary top-level name, to be
+        renamed into place (an event or a modification time in the last ``recent`` seconds,
+        or a handle open and an event within the open hold). Names, sorted. An entry that
+        never completes (a folder the layout does not take for whole) drops out ``recent``
+        seconds after its last change.
 
         Callable from any thread: it judges a copy of the entries as they were a moment ago,
         so an entry may have completed or changed since."""
@@ -327,11 +346,15 @@ class CompletionTracker:
                 if age < recent or (e.held_open and age < self.open_hold):
                     out.append(key)
         wall = self.wall()
-        for path, (opened, last) in self._unnamed.copy().items():
+        for top, (handles, last) in self._saves.copy().items():
             age = now - last
-            if age < recent or (opened and (age < self.open_hold or _written(path, wall, recent))):
-                out.append(path.relative_to(self.root).parts[0])
-        return sorted(set(out))
+            if (
+                age < recent
+                or (handles and age < self.open_hold)
+                or _written(self.root / top, wall, recent)
+            ):
+                out.append(top)
+        return sorted(out)
 
     def next_deadline(self) -> float | None:
         """Monotonic time of the next needed look, or None when nothing is pending."""

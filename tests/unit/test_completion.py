@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -716,3 +717,40 @@ def test_a_folder_emptied_while_held_open_is_not_a_save(tmp_path: Path) -> None:
     clock.advance(5.1)
     t.tick()
     assert t.in_progress(5.0) == [], "not held for the open hold: nothing in it is open"
+
+
+def test_a_save_under_a_temporary_name_is_seen_without_events_and_logs_are_not_saves(
+    tmp_path: Path,
+) -> None:
+    """Polling mode, or a write begun before the daemon started, gives no event: the file's
+    modification time tells. A hidden log kept open, an editor's swap file or a trigger
+    file read now and then is not a save."""
+    clock = Clock()
+    t = tracker(tmp_path, clock, poll=True)
+    tmp = tmp_path / ".step_3.pt.77aa.tmp"
+    tmp.write_bytes(b"half")  # mtime: now (the tracker's wall clock is fixed; use real time)
+    t.wall = time.time
+    for name in (".train.log", ".step_3.pt.swp", ".drain-now"):
+        (tmp_path / name).write_bytes(b"x")
+    t.rescan_all()
+    assert t.in_progress(5.0) == [tmp.name]
+    old = time.time() - 60
+    os.utime(tmp, (old, old))  # nothing written for a minute: given up on
+    assert t.in_progress(5.0) == []
+    tmp.unlink()
+    t.rescan_all()
+    assert t.in_progress(5.0) == []
+
+    t = tracker(tmp_path, clock)
+    t.wall = time.time
+    log_file = tmp_path / ".train.log"
+    t.event(log_file, "opened")
+    t.event(log_file, "closed")
+    reader = tmp_path / "x.orbax-checkpoint-tmp-1"
+    reader.mkdir()
+    t.event(reader, "created")
+    clock.advance(6)
+    os.utime(reader, (old, old))
+    t.event(reader / "a", "opened")  # a read: no write, does not make it recent
+    t.event(reader / "a", "closed_no_write")
+    assert t.in_progress(5.0) == []
