@@ -13,8 +13,11 @@ Guarantees:
   a first-level folder that holds a ``.ckpt-sidecar/`` of its own (another node's or run's
   destination nested in this one).
 * The set of live keys comes from a fresh, complete listing of the manifests taken *before*
-  the objects are listed. A manifest that cannot be read or parsed stops the sweep (its
-  objects might be live); so does any storage error.
+  the objects are listed. A listing that lacks the manifest ``LATEST`` names (the newest
+  commit) is taken for incomplete and stops the sweep; so does any storage error while
+  listing. A manifest that cannot be read or parsed keeps every object of its checkpoint
+  name (any of them might be live); the rest is swept.
+* A delete that fails is reported and the sweep goes on with the next key.
 * Only objects whose store time is older than ``older_than`` seconds are deleted: an upload in
   progress (here or on another host) is far younger than a day.
 * ``abort()`` is checked between deletes, so a new checkpoint or a drain never waits long.
@@ -22,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -30,8 +34,9 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.catalog import Catalog
+from sidecar.manifest import LATEST_KEY, MANIFEST_PREFIX
 from sidecar.metrics import Metrics
-from sidecar.storage.base import Backend
+from sidecar.storage.base import Backend, NotFound
 from sidecar.watch.layouts import Layout
 
 __all__ = ["OrphanSweeper", "SweepResult", "owner_name", "sweep_orphans"]
@@ -72,13 +77,21 @@ def sweep_orphans(
     invalid: list[str] = []
     try:
         catalog = Catalog().fill_from(backend, lambda key, reason: invalid.append(key))
+        newest = _newest_commit(backend)
     except Exception as e:  # a store that is down: try again at the next sweep
         return SweepResult(skipped_reason=f"listing manifests failed: {e}")
-    if invalid:
-        return SweepResult(skipped_reason=f"unreadable manifest {invalid[0]}: its objects may live")
+    listed = {m.key for m in catalog.all()} | set(invalid)
+    if newest is not None and newest not in listed:
+        return SweepResult(
+            skipped_reason=f"the newest commit's manifest {newest} is not in the listing of "
+            "manifests: it may be incomplete, so every object could look like an orphan"
+        )
+    # A manifest that cannot be read may name any object of its checkpoint name: keep them.
+    kept = {o[0] for k in invalid if (o := owner_name(_manifest_base(k))) is not None}
     live = {f.key for m in catalog.all() for f in m.files}
     cutoff = now() - older_than
     deleted: list[str] = []
+    failed: list[str] = []
     candidates: list[tuple[str, float]] = []
     foreign: set[str] = set()  # first folders holding another destination's bookkeeping
     try:
@@ -91,6 +104,8 @@ def sweep_orphans(
             owner = owner_name(info.key)
             if owner is None or info.key in live or not layout.matches(*owner):
                 continue
+            if owner[0] in kept:
+                continue
             if info.mtime is None or info.mtime > cutoff:
                 continue
             candidates.append((info.key, info.mtime))
@@ -99,12 +114,39 @@ def sweep_orphans(
                 continue
             if abort():
                 return SweepResult(tuple(deleted), "interrupted by new work")
-            backend.delete(key)
+            try:
+                backend.delete(key)
+            except Exception as e:  # e.g. an object under a legal hold: the rest goes on
+                failed.append(f"{key}: {e}")
+                continue
             deleted.append(key)
             log.info("orphans.deleted", key=key, age_hours=round((now() - mtime) / 3600))
     except Exception as e:
         return SweepResult(tuple(deleted), f"sweep stopped: {e}")
+    if kept:  # not an unfinished sweep: it would be the same at the next one
+        log.warning(
+            "orphans.kept",
+            checkpoints=sorted(kept),
+            reason="a manifest of theirs cannot be read, so any of their objects may be live",
+        )
+    if failed:
+        return SweepResult(tuple(deleted), f"{len(failed)} not deleted, first {failed[0]}")
     return SweepResult(tuple(deleted))
+
+
+def _manifest_base(key: str) -> str:
+    """``name`` or ``name@gN`` of a manifest key (``.ckpt-sidecar/manifests/<it>.json``)."""
+    return key.removeprefix(MANIFEST_PREFIX).removesuffix(".json")
+
+
+def _newest_commit(backend: Backend) -> str | None:
+    """The manifest key ``LATEST`` names (the newest commit), None when there is none."""
+    try:
+        latest = json.loads(backend.get_bytes(LATEST_KEY))
+    except (NotFound, ValueError):
+        return None
+    key = latest.get("manifest") if isinstance(latest, dict) else None
+    return key if isinstance(key, str) else None
 
 
 class OrphanSweeper:

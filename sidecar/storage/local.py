@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -233,9 +234,21 @@ class LocalBackend(Backend):
         head, _, _ = prefix.rpartition("/")
         if head:
             base = self.root / head
-        if not base.is_dir():
+        try:
+            if not stat.S_ISDIR(os.stat(base).st_mode):
+                return
+        except (FileNotFoundError, NotADirectoryError):
             return
-        for dirpath, dirnames, filenames in os.walk(base):
+        except OSError as e:
+            raise _wrap(e, f"list {base}") from e
+
+        def failed(e: OSError) -> None:
+            # A folder that cannot be read is an error, never "nothing there": the orphan
+            # sweep would take every object for an orphan. One deleted meanwhile is gone.
+            if not isinstance(e, FileNotFoundError):
+                raise _wrap(e, f"list {e.filename or base}") from e
+
+        for dirpath, dirnames, filenames in os.walk(base, onerror=failed):
             dirnames.sort()
             for name in sorted(filenames):
                 if name.startswith(TMP_PREFIX):
@@ -245,9 +258,12 @@ class LocalBackend(Backend):
                 if not key.startswith(prefix):
                     continue
                 try:
-                    yield self._info(key, full)
+                    info = self._info(key, full)
                 except FileNotFoundError:
                     continue
+                except OSError as e:
+                    raise _wrap(e, f"list {full}") from e
+                yield info
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sidecar.manifest import Manifest, ManifestFile
+from sidecar.manifest import LATEST_KEY, Manifest, ManifestFile
 from sidecar.metrics import Metrics
 from sidecar.orphans import (
     RETRY_INCOMPLETE_SECONDS,
@@ -17,6 +20,7 @@ from sidecar.orphans import (
     owner_name,
     sweep_orphans,
 )
+from sidecar.storage.base import PermanentError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.local import LocalBackend
 from sidecar.watch.layouts import layout_for
@@ -78,14 +82,68 @@ def test_deletes_only_old_unnamed_objects_of_checkpoint_names(tmp_path: Path) ->
     }
 
 
-def test_an_unreadable_manifest_stops_the_sweep(tmp_path: Path) -> None:
+def test_an_unreadable_manifest_keeps_its_names_objects_and_the_rest_is_swept(
+    tmp_path: Path,
+) -> None:
+    """One manifest that does not parse (a newer format after a downgrade, damage) must not
+    turn the sweep off for good: only its own checkpoint name's objects are kept."""
     b = LocalBackend(tmp_path)
     put(b, "step_2/w.bin", 2 * DAY)
-    b.put_bytes(".ckpt-sidecar/manifests/step_2.json", b"{not json")
+    put(b, "step_2@g1/w.bin", 2 * DAY)
+    b.put_bytes(".ckpt-sidecar/manifests/step_2@g1.json", b"{not json")
+    put(b, "step_3/w.bin", 2 * DAY)  # an orphan of another name
     result = sweep_orphans(b, PLAIN, older_than=DAY)
-    assert result.deleted == ()
-    assert result.skipped_reason is not None and "step_2.json" in result.skipped_reason
-    assert "step_2/w.bin" in keys(b)
+    assert result.deleted == ("step_3/w.bin",) and result.skipped_reason is None
+    assert {"step_2/w.bin", "step_2@g1/w.bin"} <= keys(b)
+
+
+def test_a_listing_that_fails_or_lacks_the_newest_commit_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """file://: a folder of manifests that cannot be read (EIO, ESTALE on NFS) listed as
+    empty, and the sweep deleted every committed object older than a day."""
+    b = LocalBackend(tmp_path)
+    for step in (100, 200):
+        put(b, f"step_{step}/w.bin", 3 * DAY)
+        commit(b, f"step_{step}", [f"step_{step}/w.bin"])
+    b.put_bytes(
+        LATEST_KEY, json.dumps({"manifest": ".ckpt-sidecar/manifests/step_200.json"}).encode()
+    )
+    real = os.scandir
+
+    def eio(path: Any = ".") -> Any:
+        if str(path).endswith("manifests"):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", eio)
+    result = sweep_orphans(b, PLAIN, older_than=DAY)
+    assert result.deleted == () and "listing manifests failed" in str(result.skipped_reason)
+    monkeypatch.undo()
+    (tmp_path / ".ckpt-sidecar" / "manifests" / "step_200.json").rename(tmp_path / "aside.json")
+    result = sweep_orphans(b, PLAIN, older_than=DAY)  # a listing that lags behind
+    assert result.deleted == () and "may be incomplete" in str(result.skipped_reason)
+    assert {"step_100/w.bin", "step_200/w.bin"} <= keys(b)
+
+
+def test_a_delete_that_fails_does_not_stop_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object under a legal hold is reported; the other orphans still go."""
+    b = LocalBackend(tmp_path)
+    for step in (1, 2, 3):
+        put(b, f"step_{step}/w.bin", 2 * DAY)
+    real = b.delete
+
+    def held(key: str) -> None:
+        if key == "step_1/w.bin":
+            raise PermanentError("AccessDenied: object is under a legal hold")
+        real(key)
+
+    monkeypatch.setattr(b, "delete", held)
+    result = sweep_orphans(b, PLAIN, older_than=DAY)
+    assert sorted(result.deleted) == ["step_2/w.bin", "step_3/w.bin"]
+    assert "1 not deleted, first step_1/w.bin" in str(result.skipped_reason)
 
 
 def test_new_work_interrupts_the_sweep(tmp_path: Path) -> None:
