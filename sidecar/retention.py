@@ -1,7 +1,8 @@
 """Remote retention after a commit: ``keep_last`` newest, plus every ``keep_every_steps``.
 
 Order of deletes: the manifest first (the tombstone: from then on the checkpoint does not
-count), then its objects, skipping any key another live manifest names. The newest
+count), then its objects, skipping any key another live manifest names. A manifest is read
+again just before its delete and kept if it is no longer what the catalog holds. The newest
 committed checkpoint is never deleted. Failures are logged and retried at the next commit.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 import structlog
 
 from sidecar.catalog import Catalog
-from sidecar.manifest import Manifest
-from sidecar.storage.base import Backend, StorageError
+from sidecar.manifest import Manifest, ManifestError, parse
+from sidecar.storage.base import Backend, NotFound, StorageError
 
 __all__ = ["Retention"]
 
@@ -53,6 +54,8 @@ class Retention:
             return []
         deleted = []
         for m in doomed:
+            if not self._still_as_read(m, catalog):
+                continue
             try:
                 self.backend.delete(m.key)
             except StorageError as e:
@@ -70,3 +73,28 @@ class Retention:
             deleted.append(m)
             log.info("retention.deleted", checkpoint=m.name, generation=m.generation, step=m.step)
         return deleted
+
+    def _still_as_read(self, m: Manifest, catalog: Catalog) -> bool:
+        """Whether the store still holds ``m`` as the catalog read it. Another writer on this
+        prefix (a daemon restarted while the old one still runs) may have deleted it, or
+        committed the same name and generation again since: its checkpoint is not ours to
+        delete. The catalog takes what the store holds."""
+        try:
+            current = parse(self.backend.get_bytes(m.key), m.key)
+        except NotFound:
+            catalog.remove(m)
+            return False
+        except (StorageError, ManifestError) as e:
+            log.warning("retention.delete_failed", manifest=m.key, error=str(e))
+            return False
+        if current == m:
+            return True
+        log.warning(
+            "retention.changed",
+            manifest=m.key,
+            reason="committed again since it was read (another daemon on this prefix?); "
+            "not deleted",
+        )
+        catalog.remove(m)
+        catalog.add(current)
+        return False

@@ -170,3 +170,23 @@ def test_outranked_means_retention_would_delete_it_at_once(
     committed = [man("step_7", 7, 3), man("step_5", 5, 2), man("step_4", 4, 1)]
     r = Retention(MemoryBackend(f"o-{uuid.uuid4().hex}"), keep_last=2, keep_every_steps=keep_every)
     assert r.outranked(step, committed) is outranked
+
+
+def test_a_manifest_committed_again_since_it_was_read_is_not_deleted(backend: Recording) -> None:
+    """Another daemon on this prefix (a restart while the old one still runs) deleted
+    ``a`` and committed that name again at generation 0: this daemon's catalog still holds
+    the old ``a``, and deleting by key would delete the other's new checkpoint."""
+    cat = Catalog()
+    for s in (1, 2, 3):
+        m = man(f"s{s}", s, s)
+        backend.inner.put_bytes(m.key, m.to_json())
+        backend.inner.put_bytes(m.files[0].key, b"x")
+        cat.add(m)
+    again = man("s1", 1, 4)  # same name and generation, a new commit
+    backend.inner.put_bytes(again.key, again.to_json())
+    with capture_logs() as logs:
+        assert Retention(backend, 2).apply(cat) == []
+    left = {i.key for i in backend.inner.list()}
+    assert again.key in left and "s1/w" in left
+    assert any(e["event"] == "retention.changed" for e in logs)
+    assert again in cat.all(), "the catalog takes what the store holds"
