@@ -7,6 +7,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -310,6 +311,20 @@ def test_a_file_swapped_for_a_symlink_during_the_upload_is_not_read_through(
         r.pool.close()
 
 
+def _others(backend: Faulty, root: Path, **kw: Any) -> OtherFilesLoop:
+    """The other-files lane over ``backend`` for the watch folder ``root``."""
+    return OtherFilesLoop(
+        backend,
+        CheckpointQueue(4, 1 << 30),
+        Catalog.load(backend),
+        Metrics(),
+        Backoff(attempts=2, initial=0.001, max_delay=0.005),
+        threading.Event(),
+        root=root,
+        **kw,
+    )
+
+
 def test_an_other_file_under_a_folder_swapped_for_a_symlink_is_not_uploaded(
     tmp_path: Path, secret: Path
 ) -> None:
@@ -319,16 +334,7 @@ def test_an_other_file_under_a_folder_swapped_for_a_symlink_is_not_uploaded(
     _swap_for_link(root, "logs", secret)
     backend = Faulty()
     failures: list[Exception] = []
-    loop = OtherFilesLoop(
-        backend,
-        CheckpointQueue(4, 1 << 30),
-        Catalog.load(backend),
-        Metrics(),
-        Backoff(attempts=2, initial=0.001, max_delay=0.005),
-        threading.Event(),
-        on_failure=lambda _, e: failures.append(e),
-        root=root,
-    )
+    loop = _others(backend, root, on_failure=lambda _, e: failures.append(e))
     loop.upload(item)
     assert backend.ops("put_file") == []
     assert len(failures) == 1 and isinstance(failures[0], NotBeneath)
@@ -361,16 +367,8 @@ def test_other_files_keep_to_the_bandwidth_cap(tmp_path: Path) -> None:
             counted.append(n)
 
     backend = Faulty()
-    loop = OtherFilesLoop(
-        backend,
-        CheckpointQueue(4, 1 << 30),
-        Catalog.load(backend),
-        Metrics(),
-        Backoff(attempts=2, initial=0.001, max_delay=0.005),
-        threading.Event(),
-        on_failure=lambda _, e: pytest.fail(f"failed: {e}"),
-        root=root,
-        limiter=Counting(1000),
+    loop = _others(
+        backend, root, on_failure=lambda _, e: pytest.fail(f"failed: {e}"), limiter=Counting(1000)
     )
     loop.upload(item)
     assert sum(counted) == 3000

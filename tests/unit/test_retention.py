@@ -124,18 +124,24 @@ def test_objects_named_by_a_live_manifest_are_kept(backend: Recording) -> None:
     assert old.key not in left
 
 
-def test_failed_manifest_delete_keeps_everything_and_is_logged(backend: Recording) -> None:
-    class NoDelete(Recording):
-        def delete(self, key: str) -> None:
-            raise PermanentError("access denied: s3:DeleteObject")
-
-    nd = NoDelete(backend.inner)
+def _three_committed(backend: Recording) -> Catalog:
+    """Steps 1, 2, 3 (``s1``..``s3``) committed in ``backend``, and a catalog of them."""
     cat = Catalog()
     for s in (1, 2, 3):
         m = man(f"s{s}", s, s)
         backend.inner.put_bytes(m.key, m.to_json())
         backend.inner.put_bytes(m.files[0].key, b"x")
         cat.add(m)
+    return cat
+
+
+def test_failed_manifest_delete_keeps_everything_and_is_logged(backend: Recording) -> None:
+    class NoDelete(Recording):
+        def delete(self, key: str) -> None:
+            raise PermanentError("access denied: s3:DeleteObject")
+
+    nd = NoDelete(backend.inner)
+    cat = _three_committed(backend)
     with capture_logs() as logs:
         assert Retention(nd, 2).apply(cat) == []
     assert [m.name for m in cat.all()] == ["s3", "s2", "s1"], "retried at the next commit"
@@ -176,12 +182,7 @@ def test_a_manifest_committed_again_since_it_was_read_is_not_deleted(backend: Re
     """Another daemon on this prefix (a restart while the old one still runs) deleted
     ``a`` and committed that name again at generation 0: this daemon's catalog still holds
     the old ``a``, and deleting by key would delete the other's new checkpoint."""
-    cat = Catalog()
-    for s in (1, 2, 3):
-        m = man(f"s{s}", s, s)
-        backend.inner.put_bytes(m.key, m.to_json())
-        backend.inner.put_bytes(m.files[0].key, b"x")
-        cat.add(m)
+    cat = _three_committed(backend)
     again = man("s1", 1, 4)  # same name and generation, a new commit
     backend.inner.put_bytes(again.key, again.to_json())
     with capture_logs() as logs:
