@@ -2,7 +2,8 @@
 ``unprotected_seconds`` gauge (the age of the newest such checkpoint: each new one resets
 it, so it is a lower bound of what a reclaim now would lose).
 
-An entry leaves the set when it, or a newer checkpoint, is committed, or when it vanishes.
+An entry leaves the set when it, or a checkpoint that outranks it, is committed, or when it
+vanishes.
 A newer snapshot of the same name (written again during an upload) stays until its own
 commit. Thread-safe.
 """
@@ -29,13 +30,16 @@ class Unprotected:
             self._items[item.name] = item
 
     def committed(self, item: CheckpointReady) -> None:
-        """``item`` is durable: drop it and every older entry (but not newer snapshots)."""
+        """``item`` is durable: drop it (not a newer snapshot of its name) and every entry of
+        another name it outranks (a lower step, whenever that one completed: an upload
+        retried after a failure is handed off again later, and a drain that superseded it
+        for ``item`` must not count it as missing)."""
         with self._lock:
             for name in [
                 n
                 for n, p in self._items.items()
-                if p.completed_mono <= item.completed_mono
-                and (n == item.name or p.order() < item.order())
+                if (n == item.name and p.completed_mono <= item.completed_mono)
+                or (n != item.name and p.order() < item.order())
             ]:
                 del self._items[name]
 

@@ -1,0 +1,38 @@
+"""What counts as not yet durable: the drain's outcome and ``unprotected_seconds``."""
+
+from __future__ import annotations
+
+from sidecar.model import CheckpointReady, EntryKind
+from sidecar.unprotected import Unprotected
+
+
+def ready(name: str, step: int | None, completed: float) -> CheckpointReady:
+    return CheckpointReady(name, EntryKind.CHECKPOINT, False, (), step, 1.7e9, completed, "plain")
+
+
+def test_a_commit_clears_a_lower_step_handed_off_again_later() -> None:
+    """step_200 failed, was handed off again after step_300 completed, and a drain then
+    superseded it for step_300: once step_300 commits, nothing is missing (it was reported
+    "missed", exit 4, with the newest checkpoint durable)."""
+    p = Unprotected(clock=lambda: 1000.0)
+    p.add(ready("step_300", 300, 900.0))
+    p.add(ready("step_200", 200, 950.0))  # retried: handed off again, later
+    p.committed(ready("step_300", 300, 900.0))
+    assert p.names() == [] and p.seconds() == 0.0
+
+
+def test_a_newer_snapshot_of_the_same_name_stays_until_its_own_commit() -> None:
+    p = Unprotected(clock=lambda: 1000.0)
+    old, new = ready("last.ckpt", None, 900.0), ready("last.ckpt", None, 990.0)
+    p.add(new)  # written again while the old one uploaded
+    p.committed(old)
+    assert p.names() == ["last.ckpt"]
+    p.committed(new)
+    assert p.names() == []
+
+
+def test_a_higher_step_is_not_cleared_by_a_lower_one() -> None:
+    p = Unprotected(clock=lambda: 1000.0)
+    p.add(ready("step_300", 300, 900.0))
+    p.committed(ready("step_200", 200, 950.0))
+    assert p.names() == ["step_300"]
