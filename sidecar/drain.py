@@ -35,6 +35,9 @@ log = structlog.get_logger("sidecar.drain")
 #: in polling mode a drain asks for a look at the watch folder this often (a poll interval
 #: of a minute on a network file system would not see a save begun after the drain started)
 _POLL_DURING_DRAIN_SECONDS = 1.0
+#: a drain that waits for start-up to reach the store gives up this long before its deadline,
+#: so that it still reports (exit 4, ``drain.unverified``) and stops in time
+_STARTUP_GIVE_UP_SECONDS = 3.0
 
 
 def clear_stale_notice(root: Path) -> None:
@@ -222,7 +225,15 @@ class DrainController:
                 if saving and saving != told:
                     told = saving
                     log.info("drain.waiting_for_save", checkpoints=saving)
-                if self._idle() and not saving:
+                # Start-up still on its way to the store with checkpoints in the folder: they
+                # may yet go up (a slow first answer); wait for it, but report and stop before
+                # the deadline when it never comes.
+                starting = (
+                    deadline - time.monotonic() > _STARTUP_GIVE_UP_SECONDS
+                    and not self.d.health.watching
+                    and bool(self._unwatched())
+                )
+                if self._idle() and not saving and not starting:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= quiet:
                         break
