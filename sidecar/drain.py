@@ -143,7 +143,9 @@ class DrainController:
         if current is None or chosen is None or chosen.order() <= current.order():
             return
         assert self.notice is not None
-        rate = self.d.pool.meter.rate()
+        # Measured under upload.max_bandwidth_bytes_per_second (lifted only now), the rate
+        # says nothing of the link: then the newest goes first, as without a measurement.
+        rate = self.d.pool.meter.rate() if self.d.limiter.rate == 0 else 0.0
         left = self.notice.deadline_mono - time.monotonic()
         current_left = max(current.size - sent, 0)
         if rate > 0 and chosen.size / rate > left and current_left / rate <= 0.9 * left:

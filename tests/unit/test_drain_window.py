@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from sidecar.drain import NOTICE_FILE, DrainController
 from sidecar.metrics import Metrics
-from sidecar.model import CheckpointReady, EntryKind, Notice
+from sidecar.model import CheckpointReady, EntryKind, FileEntry, FileState, Notice
 from sidecar.queue import CheckpointQueue
 from sidecar.unprotected import Unprotected
 from sidecar.upload.bandwidth import BandwidthLimiter
@@ -157,3 +157,47 @@ def test_the_exit_status_is_the_stopping_drains_whatever_reports_later(tmp_path:
         d.pending.committed(item)  # the upload finishes after the daemon was told to stop
         _all_done(logs, 2)
     assert stops == [4] and drain.exit_code == 4
+
+
+def _sized(name: str, step: int, size: int) -> CheckpointReady:
+    f = FileEntry(name, Path(name), FileState(size, 0, 0))
+    return CheckpointReady(name, EntryKind.CHECKPOINT, False, (f,), step, 0.0, float(step))
+
+
+_DECISIONS = ("drain.older_first", "drain.cancel_older")
+
+
+def _decision_under_cap(folder: Path, cap: int) -> tuple[list[str], bool]:
+    """A drain of step_2 (500 MB) while step_1 (6 MB) uploads, 30 s to go, about 1 MB/s
+    measured in the last seconds: what it decided, and whether it cancelled step_1."""
+    folder.mkdir()
+    d = _daemon(folder)
+    d.limiter = BandwidthLimiter(cap)
+    d.pool.meter.add(5_000_000)
+    d.current, d.current_start_bytes = _sized("step_1.pt", 1, 6_000_000), 0
+    d.queue.put(_sized("step_2.pt", 2, 500_000_000))
+    drain = DrainController(d)
+    with capture_logs() as logs:
+        threading.Thread(
+            target=drain.start,
+            args=(_notice(f"cap{cap}", 30),),
+            kwargs={"exit_after": False},
+            daemon=True,
+        ).start()
+        _until(lambda: any(e["event"] in _DECISIONS for e in logs))
+    cancelled = d.current_cancel.is_set()
+    d.current = None  # let the drain end: nothing in flight, nothing queued
+    d.queue.get_checkpoint(timeout=0)
+    drain.after_item()
+    _until(lambda: drain.outcome is not None)
+    return [e["event"] for e in logs if e["event"] in _DECISIONS], cancelled
+
+
+def test_a_rate_measured_under_the_bandwidth_cap_does_not_put_the_older_first(
+    tmp_path: Path,
+) -> None:
+    """The cap (lifted only as the drain starts) made the link look slow: the newest looked
+    out of reach and the older one was left to finish first, though at the link's real
+    speed the newest would have made it. Under a cap, the newest goes first."""
+    assert _decision_under_cap(tmp_path / "uncapped", 0) == (["drain.older_first"], False)
+    assert _decision_under_cap(tmp_path / "capped", 1_000_000) == (["drain.cancel_older"], True)
