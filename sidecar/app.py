@@ -247,7 +247,7 @@ class Daemon:
                 self.watcher.retry_later(item.name)
             except FileNotFoundError as e:
                 log.warning("checkpoint.vanished", checkpoint=item.name, path=e.filename)
-                self.pending.vanished(item.name)
+                self.pending.vanished(item)
                 self.watcher.retry_later(item.name)
             except (StorageError, OSError) as e:
                 self._failed(item, "commit", e)

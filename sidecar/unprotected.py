@@ -43,9 +43,13 @@ class Unprotected:
             ]:
                 del self._items[name]
 
-    def vanished(self, name: str) -> None:
+    def vanished(self, item: CheckpointReady) -> None:
+        """``item`` is gone from the watch folder: drop it, not a newer snapshot of its name
+        handed off meanwhile."""
         with self._lock:
-            self._items.pop(name, None)
+            p = self._items.get(item.name)
+            if p is not None and p.completed_mono <= item.completed_mono:
+                del self._items[item.name]
 
     def names(self) -> list[str]:
         with self._lock:

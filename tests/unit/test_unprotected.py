@@ -36,3 +36,15 @@ def test_a_higher_step_is_not_cleared_by_a_lower_one() -> None:
     p.add(ready("step_300", 300, 900.0))
     p.committed(ready("step_200", 200, 950.0))
     assert p.names() == ["step_300"]
+
+
+def test_a_vanished_old_copy_does_not_take_the_new_one_with_it() -> None:
+    """A folder saved again under its name while the old copy was committed: the old copy's
+    commit meets a vanished file, and the new copy must stay not durable."""
+    p = Unprotected(clock=lambda: 1000.0)
+    old, new = ready("step_5", 5, 900.0), ready("step_5", 5, 990.0)
+    p.add(new)
+    p.vanished(old)
+    assert p.names() == ["step_5"]
+    p.vanished(new)
+    assert p.names() == []
