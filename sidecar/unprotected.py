@@ -31,15 +31,18 @@ class Unprotected:
 
     def committed(self, item: CheckpointReady) -> None:
         """``item`` is durable: drop it (not a newer snapshot of its name) and every entry of
-        another name it outranks (a lower step, whenever that one completed: an upload
-        retried after a failure is handed off again later, and a drain that superseded it
-        for ``item`` must not count it as missing)."""
+        another name it outranks whose files were written no later than its own: older
+        content, however late it was handed off (an upload retried after a failure is handed
+        off again, and a drain that superseded it for ``item`` must not count it missing).
+        Content written later (Lightning's ``last.ckpt`` saved again, a new run's lower
+        step) stays until its own commit or its coverage (:mod:`sidecar.coverage`)."""
+        written = _written(item)
         with self._lock:
             for name in [
                 n
                 for n, p in self._items.items()
                 if (n == item.name and p.completed_mono <= item.completed_mono)
-                or (n != item.name and p.order() < item.order())
+                or (n != item.name and p.order() < item.order() and _written(p) <= written)
             ]:
                 del self._items[name]
 
@@ -62,3 +65,8 @@ class Unprotected:
         if not items:
             return 0.0
         return max(0.0, self._clock() - max(items, key=CheckpointReady.order).completed_mono)
+
+
+def _written(item: CheckpointReady) -> int:
+    """When the newest file of ``item`` was written (mtime, ns); 0 for none."""
+    return max((f.state.mtime_ns for f in item.files), default=0)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from sidecar.model import CheckpointReady, EntryKind
+from pathlib import Path
+
+from sidecar.model import CheckpointReady, EntryKind, FileEntry, FileState
 from sidecar.unprotected import Unprotected
 
 
-def ready(name: str, step: int | None, completed: float) -> CheckpointReady:
-    return CheckpointReady(name, EntryKind.CHECKPOINT, False, (), step, 1.7e9, completed, "plain")
+def ready(name: str, step: int | None, completed: float, written: int = 0) -> CheckpointReady:
+    files = (FileEntry(name, Path(name), FileState(1, written, 1)),)
+    return CheckpointReady(name, EntryKind.CHECKPOINT, False, files, step, 1.7e9, completed)
 
 
 def test_a_commit_clears_a_lower_step_handed_off_again_later() -> None:
@@ -15,9 +18,9 @@ def test_a_commit_clears_a_lower_step_handed_off_again_later() -> None:
     superseded it for step_300: once step_300 commits, nothing is missing (it was reported
     "missed", exit 4, with the newest checkpoint durable)."""
     p = Unprotected(clock=lambda: 1000.0)
-    p.add(ready("step_300", 300, 900.0))
-    p.add(ready("step_200", 200, 950.0))  # retried: handed off again, later
-    p.committed(ready("step_300", 300, 900.0))
+    p.add(ready("step_300", 300, 900.0, written=20))
+    p.add(ready("step_200", 200, 950.0, written=10))  # retried: handed off again, later
+    p.committed(ready("step_300", 300, 900.0, written=20))
     assert p.names() == [] and p.seconds() == 0.0
 
 
@@ -48,3 +51,12 @@ def test_a_vanished_old_copy_does_not_take_the_new_one_with_it() -> None:
     assert p.names() == ["step_5"]
     p.vanished(new)
     assert p.names() == []
+
+
+def test_content_written_after_the_commit_stays_not_durable() -> None:
+    """Lightning saves ``last.ckpt`` again in the next epoch, ten minutes after the stepped
+    file that now commits: a lower rank, but newer content, which nothing uploaded."""
+    p = Unprotected(clock=lambda: 1000.0)
+    p.add(ready("last.ckpt", None, 990.0, written=20))
+    p.committed(ready("epoch=7-step=7000.ckpt", 7000, 300.0, written=10))
+    assert p.names() == ["last.ckpt"]
