@@ -14,9 +14,9 @@ Guarantees:
   destination nested in this one).
 * The set of live keys comes from a fresh, complete listing of the manifests taken *before*
   the objects are listed. A listing that lacks the manifest ``LATEST`` names (the newest
-  commit) is taken for incomplete and stops the sweep; so does any storage error while
-  listing. A manifest that cannot be read or parsed keeps every object of its checkpoint
-  name (any of them might be live); the rest is swept.
+  commit) while the store holds it is taken for incomplete and stops the sweep; so does
+  any storage error while listing. A manifest that cannot be read or parsed keeps every
+  object of its checkpoint name (any of them might be live); the rest is swept.
 * A delete that fails is reported and the sweep goes on with the next key.
 * Only objects whose store time is older than ``older_than`` seconds are deleted: an upload in
   progress (here or on another host) is far younger than a day.
@@ -81,7 +81,7 @@ def sweep_orphans(
     except Exception as e:  # a store that is down: try again at the next sweep
         return SweepResult(skipped_reason=f"listing manifests failed: {e}")
     listed = {m.key for m in catalog.all()} | set(invalid)
-    if newest is not None and newest not in listed:
+    if newest is not None and newest not in listed and _exists(backend, newest):
         return SweepResult(
             skipped_reason=f"the newest commit's manifest {newest} is not in the listing of "
             "manifests: it may be incomplete, so every object could look like an orphan"
@@ -137,6 +137,16 @@ def sweep_orphans(
 def _manifest_base(key: str) -> str:
     """``name`` or ``name@gN`` of a manifest key (``.ckpt-sidecar/manifests/<it>.json``)."""
     return key.removeprefix(MANIFEST_PREFIX).removesuffix(".json")
+
+
+def _exists(backend: Backend, key: str) -> bool:
+    """Whether ``key`` is in the store (a ``LATEST`` that names a manifest deleted since, by
+    retention or by hand, is only out of date: the listing is not the one at fault)."""
+    try:
+        backend.head(key)
+    except NotFound:
+        return False
+    return True
 
 
 def _newest_commit(backend: Backend) -> str | None:

@@ -54,10 +54,12 @@ class Retention:
             return []
         deleted = []
         for m in doomed:
-            if not self._still_as_read(m, catalog):
+            state = self._still_as_read(m, catalog)
+            if state == "changed":
                 continue
             try:
-                self.backend.delete(m.key)
+                if state == "same":  # "gone": its delete went through, its reply was lost
+                    self.backend.delete(m.key)
             except StorageError as e:
                 log.warning("retention.delete_failed", manifest=m.key, error=str(e))
                 continue
@@ -74,21 +76,21 @@ class Retention:
             log.info("retention.deleted", checkpoint=m.name, generation=m.generation, step=m.step)
         return deleted
 
-    def _still_as_read(self, m: Manifest, catalog: Catalog) -> bool:
-        """Whether the store still holds ``m`` as the catalog read it. Another writer on this
-        prefix (a daemon restarted while the old one still runs) may have deleted it, or
-        committed the same name and generation again since: its checkpoint is not ours to
-        delete. The catalog takes what the store holds."""
+    def _still_as_read(self, m: Manifest, catalog: Catalog) -> str:
+        """``same`` when the store still holds ``m`` as the catalog read it; ``gone`` when
+        its manifest is deleted already (its objects still go); ``changed`` when it cannot
+        be read or another writer on this prefix (a daemon restarted while the old one still
+        runs) committed the same name and generation again since: that checkpoint is not
+        ours to delete, and the catalog takes what the store holds."""
         try:
             current = parse(self.backend.get_bytes(m.key), m.key)
         except NotFound:
-            catalog.remove(m)
-            return False
+            return "gone"
         except (StorageError, ManifestError) as e:
             log.warning("retention.delete_failed", manifest=m.key, error=str(e))
-            return False
+            return "changed"
         if current == m:
-            return True
+            return "same"
         log.warning(
             "retention.changed",
             manifest=m.key,
@@ -97,4 +99,4 @@ class Retention:
         )
         catalog.remove(m)
         catalog.add(current)
-        return False
+        return "changed"

@@ -242,11 +242,18 @@ class LocalBackend(Backend):
         except OSError as e:
             raise _wrap(e, f"list {base}") from e
 
+        ours = self.root / ".ckpt-sidecar"
+
         def failed(e: OSError) -> None:
-            # A folder that cannot be read is an error, never "nothing there": the orphan
-            # sweep would take every object for an orphan. One deleted meanwhile is gone.
-            if not isinstance(e, FileNotFoundError):
-                raise _wrap(e, f"list {e.filename or base}") from e
+            # Our bookkeeping (the manifests) that cannot be read is an error, never "nothing
+            # there": the orphan sweep would take every object for an orphan. Another folder
+            # (a root-owned lost+found at a volume's root) is left out of the listing, as
+            # before: objects not listed are never deleted. One deleted meanwhile is gone.
+            if isinstance(e, FileNotFoundError):
+                return
+            where = Path(e.filename) if e.filename else base
+            if where in (base, ours) or ours in where.parents:
+                raise _wrap(e, f"list {where}") from e
 
         for dirpath, dirnames, filenames in os.walk(base, onerror=failed):
             dirnames.sort()

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sidecar.orphans import (
     owner_name,
     sweep_orphans,
 )
-from sidecar.storage.base import PermanentError
+from sidecar.storage.base import ObjectInfo, PermanentError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.local import LocalBackend
 from sidecar.watch.layouts import layout_for
@@ -120,10 +121,40 @@ def test_a_listing_that_fails_or_lacks_the_newest_commit_deletes_nothing(
     result = sweep_orphans(b, PLAIN, older_than=DAY)
     assert result.deleted == () and "listing manifests failed" in str(result.skipped_reason)
     monkeypatch.undo()
-    (tmp_path / ".ckpt-sidecar" / "manifests" / "step_200.json").rename(tmp_path / "aside.json")
-    result = sweep_orphans(b, PLAIN, older_than=DAY)  # a listing that lags behind
+    real_list = b.list
+
+    def lagging(prefix: str = "") -> Iterator[ObjectInfo]:  # a listing behind the store
+        return (i for i in real_list(prefix) if not i.key.endswith("step_200.json"))
+
+    monkeypatch.setattr(b, "list", lagging)
+    result = sweep_orphans(b, PLAIN, older_than=DAY)
     assert result.deleted == () and "may be incomplete" in str(result.skipped_reason)
     assert {"step_100/w.bin", "step_200/w.bin"} <= keys(b)
+    monkeypatch.undo()
+    # LATEST out of date (its manifest deleted by hand): the sweep goes on.
+    b.delete(".ckpt-sidecar/manifests/step_200.json")
+    result = sweep_orphans(b, PLAIN, older_than=DAY)
+    assert result.deleted == ("step_200/w.bin",) and result.skipped_reason is None
+
+
+def test_a_foreign_folder_it_may_not_read_is_left_out_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination at a volume's root holds a root-owned lost+found: the sweep goes on
+    (as root, where a mode cannot deny it, the refusal is simulated)."""
+    b = LocalBackend(tmp_path)
+    (tmp_path / "lost+found").mkdir()
+    put(b, "step_3/w.bin", 2 * DAY)
+    real = os.scandir
+
+    def refuse(path: Any = ".") -> Any:
+        if str(path).endswith("lost+found"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    result = sweep_orphans(b, PLAIN, older_than=DAY)
+    assert result.deleted == ("step_3/w.bin",) and result.skipped_reason is None
 
 
 def test_a_delete_that_fails_does_not_stop_the_sweep(

@@ -191,3 +191,13 @@ def test_a_manifest_committed_again_since_it_was_read_is_not_deleted(backend: Re
     assert again.key in left and "s1/w" in left
     assert any(e["event"] == "retention.changed" for e in logs)
     assert again in cat.all(), "the catalog takes what the store holds"
+
+
+def test_a_manifest_deleted_already_still_has_its_objects_deleted(backend: Recording) -> None:
+    """The manifest's delete went through but its reply was lost: at the next commit its
+    objects go too (they were left for the sweep, which may be off)."""
+    cat = _three_committed(backend)
+    backend.inner.delete(man("s1", 1, 1).key)
+    assert Retention(backend, 2).apply(cat) == [man("s1", 1, 1)]
+    left = {i.key for i in backend.inner.list()}
+    assert "s1/w" not in left and "s2/w" in left
