@@ -22,9 +22,7 @@ Hidden and temporary top-level names are ignored; other files are tracked one by
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ import structlog
 from sidecar.model import CheckpointReady, EntryKind, FileEntry
 from sidecar.watch.handles import OpenHandles
 from sidecar.watch.layouts import Layout, is_temporary, name_problem, read_pointer, step_of
+from sidecar.watch.saves import TemporarySaves
 from sidecar.watch.scan import Snapshot, scan_entry
 
 __all__ = ["CompletionTracker", "EventKind"]
@@ -46,16 +45,6 @@ _MIN_RESCAN = 0.1  # seconds between two scans of one entry
 UNREADABLE_RETRY_SECONDS = 5.0  # an entry with something unreadable is looked at this often
 #: the least time counted open handles may hold an unchanged entry back (see the docstring)
 MIN_OPEN_HOLD_SECONDS = 60.0
-#: Top-level names a save is written under before it is renamed into place: atomic_save's
-#: ``.<name>.<random>.tmp`` (or ``.tmp.<ext>`` when the writer adds an extension), Orbax's
-#: ``<step>.orbax-checkpoint-tmp-<n>``, the HF Trainer's ``tmp-checkpoint-<n>``. Not editor
-#: files (``*.swp``, ``*~``), nor anything of the daemon's own (``*ckpt-sidecar*``).
-_SAVE_TEMP = re.compile(
-    "|".join(
-        fnmatch.translate(g)
-        for g in ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "tmp-checkpoint-*", ".*.tmp.*")
-    )
-)
 EventKind = str  # "created" | "closed" | "closed_no_write" | "opened" | "moved_in" | "deleted"
 
 
@@ -72,19 +61,6 @@ class _Entry:
     is_dir: bool = False  # known from its first judgement on
     retry_at: float = 0.0  # something in it could not be read: look again then, not sooner
     held_open: bool = False  # at its last judgement a file of it was open for writing
-
-
-def _is_save_temp(name: str) -> bool:
-    return "ckpt-sidecar" not in name and _SAVE_TEMP.match(name) is not None
-
-
-def _written(path: Path, wall: float, within: float) -> bool:
-    """Whether ``path`` (a file, or a folder: a name added or removed in it) was modified in
-    the last ``within`` seconds (a write makes no event the watcher listens for)."""
-    try:
-        return wall - os.stat(path, follow_symlinks=False).st_mtime < within
-    except OSError:
-        return False
 
 
 def _readable(path: Path) -> bool:
@@ -131,9 +107,7 @@ class CompletionTracker:
         self.on_unreadable = on_unreadable
         self.entries: dict[str, _Entry] = {}
         self.handles = OpenHandles()
-        #: top-level names of saves not yet renamed into place (:data:`_SAVE_TEMP`):
-        #: (handles opened - closed, monotonic time of its last event)
-        self._saves: dict[str, tuple[int, float]] = {}
+        self.saves = TemporarySaves(root)
 
     # -- classification ------------------------------------------------------------------
     def key_of(self, path: Path) -> tuple[str, EntryKind] | None:
@@ -180,7 +154,7 @@ class CompletionTracker:
                     e.dirty = True
             self._pointer_target()
             return
-        self._note_save(path, kind)
+        self.saves.event(path, kind, self.clock())
         # Handles are counted for every path, before classification: cheap (the daemon's own
         # reads make two such events per file), and a handle opened under a temporary name
         # still counts after the rename into place.
@@ -205,38 +179,6 @@ class CompletionTracker:
             e.fast = True
         elif kind == "created":
             e.fast = False
-
-    def _note_save(self, path: Path, kind: EventKind) -> None:
-        """Keep account of a save written under a temporary top-level name, which the writer
-        renames into place when whole: not an entry, but a save under way
-        (:meth:`in_progress`). Its handles are counted; reads do not make it recent."""
-        try:
-            parts = path.relative_to(self.root).parts
-        except ValueError:
-            return
-        if not parts or not _is_save_temp(parts[0]):
-            return
-        top = parts[0]
-        if kind == "deleted" and len(parts) == 1:  # renamed into place, or removed
-            self._saves.pop(top, None)
-            return
-        handles, last = self._saves.get(top, (0, float("-inf")))
-        if kind == "opened":
-            handles += 1
-        elif kind in ("closed", "closed_no_write"):
-            handles = max(handles - 1, 0)
-        if kind not in ("opened", "closed_no_write"):  # written, created, moved, removed
-            last = self.clock()
-        self._saves[top] = (handles, last)
-
-    def _rescan_saves(self, names: list[str]) -> None:
-        """The saves under temporary names now in the root (start-up, polling, overflow):
-        found ones are judged by their mtime, gone ones forgotten."""
-        found = {n for n in names if _is_save_temp(n)}
-        for top in [t for t in self._saves if t not in found]:
-            del self._saves[top]
-        for top in found:
-            self._saves.setdefault(top, (0, float("-inf")))
 
     def moved(self, src: Path, dest: Path | None) -> None:
         """A rename: open handles follow the file (later writes and the close use ``dest``).
@@ -303,7 +245,7 @@ class CompletionTracker:
             names = sorted(p.name for p in self.root.iterdir())
         except FileNotFoundError:
             names = []
-        self._rescan_saves(names)
+        self.saves.rescan(names)
         present: set[str] = set()
         for name in names:
             path = self.root / name
@@ -327,7 +269,8 @@ class CompletionTracker:
         are now and changed within the last ``recent`` seconds (or, with a file of them open
         for writing, within the open hold); and saves under a temporary top-level name, to be
         renamed into place (an event or a modification time in the last ``recent`` seconds,
-        or a handle open and an event within the open hold). Names, sorted. An entry that
+        or a handle open and an event within the open hold: :mod:`sidecar.watch.saves`).
+        Names, sorted. An entry that
         never completes (a folder the layout does not take for whole) drops out ``recent``
         seconds after its last change.
 
@@ -345,15 +288,7 @@ class CompletionTracker:
                 age = now - e.since
                 if age < recent or (e.held_open and age < self.open_hold):
                     out.append(key)
-        wall = self.wall()
-        for top, (handles, last) in self._saves.copy().items():
-            age = now - last
-            if (
-                age < recent
-                or (handles and age < self.open_hold)
-                or _written(self.root / top, wall, recent)
-            ):
-                out.append(top)
+        out += self.saves.active(now, self.wall(), recent, self.open_hold)
         return sorted(out)
 
     def next_deadline(self) -> float | None:
