@@ -98,6 +98,19 @@ def test_an_unreadable_manifest_keeps_its_names_objects_and_the_rest_is_swept(
     assert {"step_2/w.bin", "step_2@g1/w.bin"} <= keys(b)
 
 
+def _unlistable(monkeypatch: pytest.MonkeyPatch, folder: str, error: OSError) -> None:
+    """Listing a folder named ``folder`` raises ``error`` (as root, where a mode cannot deny
+    a read, and for an I/O error, the failure is simulated)."""
+    real = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if str(path).endswith(folder):
+            raise type(error)(error.errno, error.strerror, str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
 def test_a_listing_that_fails_or_lacks_the_newest_commit_deletes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,14 +123,7 @@ def test_a_listing_that_fails_or_lacks_the_newest_commit_deletes_nothing(
     b.put_bytes(
         LATEST_KEY, json.dumps({"manifest": ".ckpt-sidecar/manifests/step_200.json"}).encode()
     )
-    real = os.scandir
-
-    def eio(path: Any = ".") -> Any:
-        if str(path).endswith("manifests"):
-            raise OSError(errno.EIO, "Input/output error", str(path))
-        return real(path)
-
-    monkeypatch.setattr(os, "scandir", eio)
+    _unlistable(monkeypatch, "manifests", OSError(errno.EIO, "Input/output error"))
     result = sweep_orphans(b, PLAIN, older_than=DAY)
     assert result.deleted == () and "listing manifests failed" in str(result.skipped_reason)
     monkeypatch.undo()
@@ -140,19 +146,11 @@ def test_a_listing_that_fails_or_lacks_the_newest_commit_deletes_nothing(
 def test_a_foreign_folder_it_may_not_read_is_left_out_not_fatal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A destination at a volume's root holds a root-owned lost+found: the sweep goes on
-    (as root, where a mode cannot deny it, the refusal is simulated)."""
+    """A destination at a volume's root holds a root-owned lost+found: the sweep goes on."""
     b = LocalBackend(tmp_path)
     (tmp_path / "lost+found").mkdir()
     put(b, "step_3/w.bin", 2 * DAY)
-    real = os.scandir
-
-    def refuse(path: Any = ".") -> Any:
-        if str(path).endswith("lost+found"):
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path)
-
-    monkeypatch.setattr(os, "scandir", refuse)
+    _unlistable(monkeypatch, "lost+found", PermissionError(errno.EACCES, "Permission denied"))
     result = sweep_orphans(b, PLAIN, older_than=DAY)
     assert result.deleted == ("step_3/w.bin",) and result.skipped_reason is None
 
