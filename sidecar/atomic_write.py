@@ -1,5 +1,6 @@
-"""Small files written in place atomically, in folders other processes can write to; and
-``fsync_path``, which makes a file's or a folder's content durable.
+"""Small files written in place atomically, in folders other processes can write to;
+``fsync_path``, which makes a file's or a folder's content durable; and ``fsync_folder``,
+which does so for a folder where its file system can.
 
 ``write_atomically(folder, name, data)`` leaves ``folder/name`` holding either its old
 content or all of ``data``, fsynced, and the folder fsynced after the rename. The
@@ -12,11 +13,16 @@ the temporary file is removed on failure.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from pathlib import Path
 
-__all__ = ["fsync_path", "write_atomically"]
+__all__ = ["fsync_folder", "fsync_path", "write_atomically"]
+
+#: What ``fsync(2)`` of a folder answers where the file system cannot sync one (some FUSE
+#: and SMB mounts).
+_NO_FOLDER_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def write_atomically(folder: Path, name: str, data: bytes) -> None:
@@ -29,7 +35,7 @@ def write_atomically(folder: Path, name: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / name)
-        fsync_path(folder)  # the rename itself
+        fsync_folder(folder)  # the rename itself
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -43,3 +49,13 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_folder(folder: Path) -> None:
+    """fsync ``folder`` (the names in it) where its file system can; where it cannot, a
+    rename in it is as durable as that file system makes it. Raises ``OSError``."""
+    try:
+        fsync_path(folder)
+    except OSError as e:
+        if e.errno not in _NO_FOLDER_SYNC:
+            raise

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from sidecar.atomic_write import fsync_path  # standard library only, as this module
+from sidecar.atomic_write import fsync_folder, fsync_path  # standard library only, as this module
 
 __all__ = [
     "NOTICE_FILE",
@@ -102,7 +102,7 @@ def atomic_save(
     except BaseException:
         _remove_temporaries(tmp)
         raise
-    fsync_path(target.parent)
+    fsync_folder(target.parent)
     return target
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.atomic_write import fsync_path, write_atomically
+from sidecar.atomic_write import fsync_folder, fsync_path, write_atomically
 from sidecar.catalog import Catalog
 from sidecar.checks import VerifyFailed, check_all
 from sidecar.manifest import Manifest, ManifestError, ManifestFile, parse
@@ -101,7 +101,7 @@ def _fetch(
     for t in targets.values():  # every folder from a file's up to the work folder, once
         folders.update(p for p in t.parents if p == work or work in p.parents)
     for folder in folders:
-        fsync_path(folder)
+        fsync_folder(folder)
     return {targets[f]: (states[f], f.crc32c) for f in m.files}
 
 
@@ -136,9 +136,10 @@ def _place(m: Manifest, work: Path, target: Path, force: bool, pointer: str | No
         os.replace(final, aside)
         log.info("restore.moved_aside", path=str(final), to=str(aside))
     os.replace(work / m.name, final)
-    if pointer:
+    if pointer:  # it fsyncs the folder after its own rename, and so the one before
         write_atomically(target, pointer, f"{m.name}\n".encode())
-    fsync_path(target)  # the renames themselves
+    else:
+        fsync_folder(target)  # the renames themselves
     return final
 
 

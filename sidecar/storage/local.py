@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from sidecar.atomic_write import fsync_path
+from sidecar.atomic_write import fsync_folder
 from sidecar.storage.base import (
     AlreadyExists,
     Backend,
@@ -56,8 +56,6 @@ def _wrap(err: OSError, what: str) -> StorageError:
 #: What ``link(2)`` answers on a file system without hard links (FUSE mounts of object
 #: stores, some SMB shares).
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
-#: What ``fsync(2)`` of a folder answers where the file system cannot sync one.
-_NO_FOLDER_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def _discard(path: Path) -> None:
@@ -66,16 +64,6 @@ def _discard(path: Path) -> None:
     left is swept at the next start."""
     with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
-
-
-def _sync_folder(folder: Path) -> None:
-    """fsync ``folder`` where its file system can (where it cannot, a rename in it is as
-    durable as that file system makes it). Raises ``OSError``."""
-    try:
-        fsync_path(folder)
-    except OSError as e:
-        if e.errno not in _NO_FOLDER_SYNC:
-            raise
 
 
 def _make_folders(folder: Path) -> None:
@@ -90,7 +78,7 @@ def _make_folders(folder: Path) -> None:
             made.mkdir()
         except FileExistsError:
             continue  # another writer made it: its own fsync covers it
-        _sync_folder(made.parent)
+        fsync_folder(made.parent)
 
 
 class LocalBackend(Backend):
@@ -140,7 +128,7 @@ class LocalBackend(Backend):
                     _discard(tmp)
             else:
                 os.replace(tmp, target)
-            _sync_folder(target.parent)
+            fsync_folder(target.parent)
         except OSError as e:
             _discard(tmp)
             raise _wrap(e, f"publish {target}") from e

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import atomic_write
 from sidecar.atomic_write import fsync_path
-from sidecar.storage import local
 from sidecar.storage.base import AlreadyExists, Backend, PermanentError
 from sidecar.storage.checksum import crc32c_of_bytes
 from sidecar.storage.local import TMP_PREFIX, LocalBackend
@@ -89,7 +89,7 @@ class TestLocalBackend(BackendConformance):
                 raise OSError(errno.EINVAL, "Invalid argument")
             real(path)
 
-        monkeypatch.setattr(local, "fsync_path", files_only)
+        monkeypatch.setattr(atomic_write, "fsync_path", files_only)
         (tmp_path / "w").write_bytes(b"weights")
         assert backend.put_file("a/b/w.pt", tmp_path / "w").size == 7
         backend.put_bytes("m.json", b"{}", create_only=True)

@@ -3,13 +3,16 @@ through a symlink planted there, readable by others as the umask allows."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from sidecar import atomic_write
 from sidecar.atomic_write import write_atomically
 
 
@@ -56,3 +59,30 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_atomically(tmp_path / "missing", "n.json", b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mount_that_cannot_sync_a_folder_still_takes_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some FUSE and SMB mounts answer fsync(2) of a folder with EINVAL: the notice file,
+    the state cache and restore's pointer are written all the same."""
+    real = atomic_write.fsync_path
+
+    def files_only(path: Path) -> None:
+        if path.is_dir():
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(path)
+
+    monkeypatch.setattr(atomic_write, "fsync_path", files_only)
+    write_atomically(tmp_path, "notice.json", b"{}")
+    assert (tmp_path / "notice.json").read_bytes() == b"{}"
+    monkeypatch.setattr(atomic_write, "fsync_path", _raise(errno.EIO))
+    with pytest.raises(OSError, match="I/O"):
+        atomic_write.fsync_folder(tmp_path)  # a real failure still is one
+
+
+def _raise(code: int) -> Callable[[Path], None]:
+    def fail(path: Path) -> None:
+        raise OSError(code, "I/O error")
+
+    return fail
