@@ -18,6 +18,7 @@ from sidecar.model import FileState
 
 __all__ = [
     "MAX_NAME_BYTES",
+    "SAVE_TEMP_GLOBS",
     "Layout",
     "is_temporary",
     "layout_for",
@@ -29,7 +30,10 @@ __all__ = [
 Snapshot = Mapping[str, FileState]
 Rule = Callable[[str, bool, Snapshot, Path], bool]
 
-_TEMP_GLOBS = ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "*~", "#*#", ".#*", "*.swp", "*.swx")
+#: names a save is written under before its rename into place (Orbax's ``*-tmp-*``, the HF
+#: Trainer's ``tmp-checkpoint-<n>``)
+SAVE_TEMP_GLOBS = ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "tmp-checkpoint-*")
+_TEMP_GLOBS = (*SAVE_TEMP_GLOBS, "*~", "#*#", ".#*", "*.swp", "*.swx")  # and editors' files
 _TEMP_NAME = re.compile("|".join(fnmatch.translate(g) for g in _TEMP_GLOBS))  # one match, not 9
 _PLAIN_FILES = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npz", "*.pkl")
 _PLAIN_DIRS = ("step*", "checkpoint*", "ckpt*", "epoch*", "global_step*")

@@ -18,14 +18,12 @@ import os
 import re
 from pathlib import Path
 
+from sidecar.watch.layouts import SAVE_TEMP_GLOBS
+
 __all__ = ["TemporarySaves", "is_save_temp"]
 
-_SAVE_TEMP = re.compile(
-    "|".join(
-        fnmatch.translate(g)
-        for g in ("*.tmp", "*.partial", "*.dirty", "*-tmp-*", "tmp-checkpoint-*", ".*.tmp.*")
-    )
-)
+# and atomic_save's ``.<name>.<random>.tmp.<ext>`` when a path writer adds an extension
+_SAVE_TEMP = re.compile("|".join(fnmatch.translate(g) for g in (*SAVE_TEMP_GLOBS, ".*.tmp.*")))
 
 
 def is_save_temp(name: str) -> bool:

@@ -754,3 +754,20 @@ def test_a_save_under_a_temporary_name_is_seen_without_events_and_logs_are_not_s
     t.event(reader / "a", "opened")  # a read: no write, does not make it recent
     t.event(reader / "a", "closed_no_write")
     assert t.in_progress(5.0) == []
+
+
+def test_the_hf_trainers_temporary_folder_is_neither_a_checkpoint_nor_other_files(
+    tmp_path: Path,
+) -> None:
+    """The HF Trainer writes ``tmp-checkpoint-<n>/`` and renames it to ``checkpoint-<n>``:
+    its files were synced one by one as other files while being written; now it is a save
+    under way that a drain waits for."""
+    clock = Clock()
+    t = tracker(tmp_path, clock, layout="hf-trainer")
+    f = tmp_path / "tmp-checkpoint-500" / "model.safetensors"
+    f.parent.mkdir()
+    f.write_bytes(b"half")
+    assert t.key_of(f) is None
+    t.event(f, "created")
+    t.event(f, "opened")
+    assert t.tick() == [] and t.in_progress(5.0) == ["tmp-checkpoint-500"]
