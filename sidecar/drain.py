@@ -25,6 +25,7 @@ from sidecar.atomic_write import write_atomically
 from sidecar.client import NOTICE_FILE  # one name, shared with the trainer's side
 from sidecar.manifest import rfc3339
 from sidecar.model import CheckpointReady, EntryKind, Notice
+from sidecar.watch.watcher import DRAIN_LOOK_SECONDS
 
 if TYPE_CHECKING:
     from sidecar.app import Daemon
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["NOTICE_FILE", "DrainController"]
 
 log = structlog.get_logger("sidecar.drain")
-#: in polling mode a drain asks for a look at the watch folder this often (a poll interval
-#: of a minute on a network file system would not see a save begun after the drain started)
-_POLL_DURING_DRAIN_SECONDS = 1.0
 #: a drain that waits for start-up to reach the store gives up this long before its deadline,
 #: so that it still reports (exit 4, ``drain.unverified``) and stops in time
 _STARTUP_GIVE_UP_SECONDS = 3.0
@@ -220,14 +218,14 @@ class DrainController:
         quiet = min(watch.settle_seconds, 1.0) + 0.2
         polling = self.d.watcher.mode == "poll"
         if polling:  # a save begun now is seen at the next look, asked for every second
-            quiet += _POLL_DURING_DRAIN_SECONDS
+            quiet += DRAIN_LOOK_SECONDS
         self.d.watcher.rescan()
         looked = time.monotonic()
         quiet_since: float | None = None
         told: list[str] = []
         with self._changed:
             while time.monotonic() < deadline:
-                if polling and time.monotonic() - looked >= _POLL_DURING_DRAIN_SECONDS:
+                if polling and time.monotonic() - looked >= DRAIN_LOOK_SECONDS:
                     self.d.watcher.rescan()
                     looked = time.monotonic()
                 saving = self._saving()

@@ -49,6 +49,9 @@ BATCH_SECONDS = 0.02
 #: changed in the last this many seconds: longer than a writer's pause between two files of
 #: one save, short enough that a folder that never completes holds a drain only briefly.
 SAVING_SECONDS = 5.0
+#: In polling mode a drain asks for a look this often (:meth:`Watcher.rescan`): a poll
+#: interval of a minute on a network file system would not see a save begun meanwhile.
+DRAIN_LOOK_SECONDS = 1.0
 #: the events the tracker needs. Not "modified" (IN_MODIFY, one per write() call: a trainer
 #: writing in 64 KiB pieces cost the daemon 0.48 CPU-s per GiB in event handling alone,
 #: bench/watch_events.md) nor "attrib": a file being written is held open (counted from its
@@ -170,14 +173,14 @@ class Watcher:
 
     def in_progress(self) -> list[str]:
         """Checkpoint entries being saved now (:meth:`CompletionTracker.in_progress`: changed
-        in the last :data:`SAVING_SECONDS`, or settle time if longer, plus a poll interval in
-        polling mode, when a change is seen that much later); empty when the watcher does not
-        run. Thread-safe."""
+        in the last :data:`SAVING_SECONDS`, or settle time if longer, plus the drain's look
+        interval in polling mode, when a change is seen that much later); empty when the
+        watcher does not run. Thread-safe."""
         if not self.alive:
             return []
         recent = max(self.tracker.settle, SAVING_SECONDS)
-        if self.mode == "poll":
-            recent += self.poll_interval
+        if self.mode == "poll":  # a change is seen at the next look: during a drain, soon
+            recent += min(self.poll_interval, DRAIN_LOOK_SECONDS)
         return self.tracker.in_progress(recent)
 
     def retry_later(self, key: str) -> None:
@@ -205,7 +208,7 @@ class Watcher:
             key = self._requeue.get()
             if key:
                 self.tracker.forget_emitted(key)
-            else:
+            elif self.mode != "poll":  # polling looks at everything just below anyway
                 self.tracker.rescan_all()
         if self.mode == "poll":
             self.tracker.rescan_all()
