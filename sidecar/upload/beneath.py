@@ -14,15 +14,16 @@ with one ordinary open per read, as without this module.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["NotBeneath", "open_beneath", "reopenable", "stat_beneath"]
+__all__ = ["NotBeneath", "open_beneath", "reopenable", "source_beneath", "stat_beneath"]
 
 _PATH = getattr(os, "O_PATH", os.O_RDONLY)
 _DIR_FLAGS = _PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -85,3 +86,23 @@ def reopenable(folder_fd: int, path: Path) -> Path:
     """A path to ``path``'s name inside the folder behind ``folder_fd``; ``path`` itself
     where there is no /proc (then only the checks at :func:`open_beneath` stand)."""
     return _PROC_FD / str(folder_fd) / path.name if _PROC_FD.is_dir() else path
+
+
+@contextlib.contextmanager
+def source_beneath(root: Path | None, path: Path) -> Iterator[tuple[Path, int | None]]:
+    """For the block: the path to read ``path`` by (its folder reached from ``root`` one name
+    at a time, no link followed; ``path`` itself without a root) and that folder's
+    descriptor (None without a root). An ``OSError`` of the block that names the path read
+    by names ``path`` instead: the operator needs the file's own name. Raises ``OSError``
+    (:class:`NotBeneath`)."""
+    fd = None if root is None else open_beneath(root, path)
+    source = path if fd is None else reopenable(fd, path)
+    try:
+        yield source, fd
+    except OSError as e:
+        if source != path and e.filename == str(source):
+            e.filename = str(path)
+        raise
+    finally:
+        if fd is not None:
+            os.close(fd)

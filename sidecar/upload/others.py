@@ -10,7 +10,6 @@ handed to ``on_failure``. Uploads keep to the ``limiter``
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from sidecar.model import CheckpointReady
 from sidecar.queue import CheckpointQueue
 from sidecar.storage.base import Backend, Cancelled, StorageError
 from sidecar.upload.bandwidth import BandwidthLimiter
-from sidecar.upload.beneath import open_beneath, reopenable
+from sidecar.upload.beneath import source_beneath
 from sidecar.upload.retry import Backoff, retry
 
 __all__ = ["OtherFilesLoop"]
@@ -78,9 +77,7 @@ class OtherFilesLoop:
             return
         f = item.files[0]
         try:
-            fd = None if self.root is None else open_beneath(self.root, f.path)
-            try:
-                source = f.path if fd is None else reopenable(fd, f.path)
+            with source_beneath(self.root, f.path) as (source, _):
                 info = retry(
                     functools.partial(
                         self.backend.put_file, item.name, source, progress=self._progress
@@ -88,9 +85,6 @@ class OtherFilesLoop:
                     self.backoff,
                     wait=self.stop.wait,
                 )
-            finally:
-                if fd is not None:
-                    os.close(fd)
         except FileNotFoundError:
             return
         except Cancelled:

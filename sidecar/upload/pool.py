@@ -32,7 +32,7 @@ from sidecar.state import StateCache
 from sidecar.storage.base import Backend, Cancelled, ObjectInfo, StorageError
 from sidecar.storage.checksum import crc32c_of_file
 from sidecar.upload.bandwidth import BandwidthLimiter
-from sidecar.upload.beneath import open_beneath, reopenable, stat_beneath
+from sidecar.upload.beneath import source_beneath, stat_beneath
 from sidecar.upload.retry import Backoff, retry
 from sidecar.upload.throughput import ThroughputMeter
 from sidecar.watch.scan import state_of
@@ -128,24 +128,15 @@ class UploaderPool:
     def _one(self, job: FileJob, cancel: threading.Event) -> UploadResult:
         if cancel.is_set():
             raise Cancelled(job.key)
-        path = job.file.path
-        fd = None if self.root is None else open_beneath(self.root, path)
-        try:
-            return self._read_and_send(job, cancel, path, fd)
-        except OSError as e:
-            if fd is not None and e.filename == str(reopenable(fd, path)):
-                e.filename = str(path)  # the operator needs the file's own name
-            raise
-        finally:
-            if fd is not None:
-                os.close(fd)
+        with source_beneath(self.root, job.file.path) as (source, fd):
+            return self._read_and_send(job, cancel, source, fd)
 
     def _read_and_send(
-        self, job: FileJob, cancel: threading.Event, path: Path, fd: int | None
+        self, job: FileJob, cancel: threading.Event, source: Path, fd: int | None
     ) -> UploadResult:
-        """Reads the file through its folder ``fd`` (reached beneath the root) when there is
-        one, so a name swapped for a symlink meanwhile cannot redirect a read."""
-        source = path if fd is None else reopenable(fd, path)
+        """Reads the file by ``source``, through its folder ``fd`` (reached beneath the root)
+        when there is one, so a name swapped for a symlink meanwhile cannot redirect a read."""
+        path = job.file.path
         before = state_of(os.lstat(path) if fd is None else stat_beneath(fd, path))
         if before != job.file.state:
             raise FileChanged(f"{path} changed after it was judged complete")
@@ -195,13 +186,8 @@ class UploaderPool:
     def checksum(self, path: Path) -> str:
         """The CRC32C of the watch folder's file ``path``, read as uploads read it (reached
         from the root without following a link). Raises ``OSError`` (:class:`NotBeneath`)."""
-        if self.root is None:
-            return crc32c_of_file(path)
-        fd = open_beneath(self.root, path)
-        try:
-            return crc32c_of_file(reopenable(fd, path))
-        finally:
-            os.close(fd)
+        with source_beneath(self.root, path) as (source, _):
+            return crc32c_of_file(source)
 
     def _try_copy(self, job: FileJob, state: FileState, source: Path) -> UploadResult | None:
         ref = job.reference

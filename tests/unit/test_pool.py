@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import uuid
@@ -372,3 +373,22 @@ def test_other_files_keep_to_the_bandwidth_cap(tmp_path: Path) -> None:
     )
     loop.upload(item)
     assert sum(counted) == 3000
+
+
+def test_a_read_error_of_an_other_file_names_the_file_not_its_reopened_path(
+    tmp_path: Path,
+) -> None:
+    """Read through its folder's descriptor (/proc/self/fd/N/name), a failing file is still
+    named by its own path in the error the operator sees."""
+    root, path = _in_watch(tmp_path, "logs", b"a log")
+    entry = FileEntry("w.pt", path, state_of(os.lstat(path)))
+    item = CheckpointReady("logs/w.pt", EntryKind.OTHER, False, (entry,), None, 0.0, 0.0)
+
+    class Eio(Faulty):
+        def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> Any:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+
+    failures: list[Exception] = []
+    _others(Eio(), root, on_failure=lambda _, e: failures.append(e)).upload(item)
+    assert len(failures) == 1 and isinstance(failures[0], OSError)
+    assert failures[0].filename == str(path)
