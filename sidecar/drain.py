@@ -54,7 +54,6 @@ class DrainController:
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
         self.notice: Notice | None = None
-        self._lifted_at = float("-inf")  # when this drain window lifted the bandwidth cap
         self._until = float("-inf")  # monotonic end of the drain: the latest deadline in it
         self.exit_code = 0
         self._stopping = False  # a drain that stops the daemon has reported: its status holds
@@ -127,9 +126,6 @@ class DrainController:
             deadline=rfc3339(notice.deadline),
             seconds_left=round(notice.deadline_mono - time.monotonic(), 1),
         )
-        with self._lock:
-            if first:
-                self._lifted_at = time.monotonic()
         self.d.limiter.lift(until=notice.deadline_mono)
         self._reprioritise()
         self._wait_and_report(notice.deadline_mono, exit_after)
@@ -149,8 +145,7 @@ class DrainController:
         # began, the rate says nothing of the link: then the newest goes first, as without a
         # measurement. Once a whole window has gone by uncapped, it does.
         meter = self.d.pool.meter
-        uncapped = time.monotonic() - self._lifted_at >= meter.window
-        rate = meter.rate() if self.d.limiter.rate == 0 or uncapped else 0.0
+        rate = meter.rate() if self.d.limiter.uncapped_for() >= meter.window else 0.0
         left = self.notice.deadline_mono - time.monotonic()
         current_left = max(current.size - sent, 0)
         if rate > 0 and chosen.size / rate > left and current_left / rate <= 0.9 * left:

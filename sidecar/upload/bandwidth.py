@@ -37,11 +37,14 @@ class BandwidthLimiter:
         self._next = clock()
         self._lifted_until = float("-inf")  # a drain's lift
         self._done_by = float("-inf")  # a lift until work_done(), bounded
+        self._uncapped_since = float("-inf")  # when the lift in force began
 
     def lift(self, until: float | None = None) -> None:
         """No cap until the monotonic time ``until``, or, with None, until :meth:`work_done`
         (at most :data:`LIFT_AT_MOST_SECONDS`)."""
         with self._lock:
+            if self.limited:
+                self._uncapped_since = self._clock()
             if until is None:
                 self._done_by = self._clock() + LIFT_AT_MOST_SECONDS
             else:
@@ -51,6 +54,13 @@ class BandwidthLimiter:
         """Nothing is left to upload: a lift without an end time is over."""
         with self._lock:
             self._done_by = float("-inf")
+
+    def uncapped_for(self) -> float:
+        """Seconds uploads have gone uncapped without a break: infinite without a cap, 0
+        while it holds (a rate measured over a shorter span is in part the cap's)."""
+        if self.rate == 0:
+            return float("inf")
+        return 0.0 if self.limited else self._clock() - self._uncapped_since
 
     @property
     def limited(self) -> bool:

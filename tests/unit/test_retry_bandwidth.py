@@ -220,3 +220,17 @@ def test_the_cap_holds_again_after_a_drain_or_a_flush() -> None:
     assert not lim.limited
     ft.now += LIFT_AT_MOST_SECONDS
     assert lim.limited, "a lift without an end is bounded"
+
+
+def test_uncapped_for_tells_how_long_the_rate_measured_is_the_links() -> None:
+    ft = FakeTime()
+    assert BandwidthLimiter(0, clock=ft.clock, sleep=ft.sleep).uncapped_for() == float("inf")
+    lim = BandwidthLimiter(1000, clock=ft.clock, sleep=ft.sleep)
+    assert lim.uncapped_for() == 0.0
+    lim.lift(until=ft.now + 30)
+    ft.now += 4
+    lim.lift(until=ft.now + 30)  # a second notice: the same uncapped spell
+    ft.now += 2
+    assert lim.uncapped_for() == pytest.approx(6.0)
+    ft.now += 60
+    assert lim.uncapped_for() == 0.0
