@@ -41,6 +41,8 @@ class Catalog:
         self._by_key: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self._max_sequence = -1
+        #: the manifest key ``LATEST`` named at the last fill (the newest commit), if any
+        self.latest_manifest: str | None = None
 
     @classmethod
     def load(
@@ -79,6 +81,8 @@ class Catalog:
             seq = latest.get("sequence") if isinstance(latest, dict) else None
             if isinstance(seq, int):
                 self.add_sequence_floor(seq)
+            named = latest.get("manifest") if isinstance(latest, dict) else None
+            self.latest_manifest = named if isinstance(named, str) else None
         except (NotFound, ValueError):
             pass
         return self

@@ -25,7 +25,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.catalog import Catalog
-from sidecar.manifest import LATEST_KEY, MANIFEST_PREFIX
+from sidecar.manifest import MANIFEST_PREFIX
 from sidecar.metrics import Metrics
 from sidecar.storage.base import Backend, NotFound
 from sidecar.watch.layouts import Layout
@@ -77,10 +76,10 @@ def sweep_orphans(
     invalid: list[str] = []
     try:
         catalog = Catalog().fill_from(backend, lambda key, reason: invalid.append(key))
-        newest = _newest_commit(backend)
     except Exception as e:  # a store that is down: try again at the next sweep
         return SweepResult(skipped_reason=f"listing manifests failed: {e}")
     listed = {m.key for m in catalog.all()} | set(invalid)
+    newest = catalog.latest_manifest
     if newest is not None and newest not in listed and _exists(backend, newest):
         return SweepResult(
             skipped_reason=f"the newest commit's manifest {newest} is not in the listing of "
@@ -147,16 +146,6 @@ def _exists(backend: Backend, key: str) -> bool:
     except NotFound:
         return False
     return True
-
-
-def _newest_commit(backend: Backend) -> str | None:
-    """The manifest key ``LATEST`` names (the newest commit), None when there is none."""
-    try:
-        latest = json.loads(backend.get_bytes(LATEST_KEY))
-    except (NotFound, ValueError):
-        return None
-    key = latest.get("manifest") if isinstance(latest, dict) else None
-    return key if isinstance(key, str) else None
 
 
 class OrphanSweeper:
