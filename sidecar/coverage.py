@@ -24,7 +24,7 @@ def written_after(item: CheckpointReady, manifest: Manifest) -> bool:
     committed = manifest.committed_ts()
     if committed is None:
         return True
-    return max((f.state.mtime_ns for f in item.files), default=0) / 1e9 > committed
+    return item.written_ns / 1e9 > committed
 
 
 #: a newer committed checkpoint here covers an outranked one written up to this long after
@@ -44,7 +44,7 @@ def saved_with_newer_here(item: CheckpointReady, manifests: list[Manifest]) -> b
     f = item.files[0]
     entry = f.path.parents[len(Path(f.rel).parts) - 1] if item.is_dir else f.path
     mine = item.order()[0]
-    written = max(x.state.mtime_ns for x in item.files)
+    written = item.written_ns
     for m in manifests:
         if m.order()[0] <= mine:
             continue

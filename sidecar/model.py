@@ -60,6 +60,11 @@ class CheckpointReady:
     def size(self) -> int:
         return sum(f.state.size for f in self.files)
 
+    @property
+    def written_ns(self) -> int:
+        """When its newest file was last written (mtime, ns); 0 with no file."""
+        return max((f.state.mtime_ns for f in self.files), default=0)
+
     def order(self) -> tuple[int, float]:
         """Newer sorts higher: the step (none = -1), then the completion time."""
         return (self.step if self.step is not None else -1, self.completed_mono)

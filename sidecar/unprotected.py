@@ -36,13 +36,13 @@ class Unprotected:
         off again, and a drain that superseded it for ``item`` must not count it missing).
         Content written later (Lightning's ``last.ckpt`` saved again, a new run's lower
         step) stays until its own commit or its coverage (:mod:`sidecar.coverage`)."""
-        written = _written(item)
+        written = item.written_ns
         with self._lock:
             for name in [
                 n
                 for n, p in self._items.items()
                 if (n == item.name and p.completed_mono <= item.completed_mono)
-                or (n != item.name and p.order() < item.order() and _written(p) <= written)
+                or (n != item.name and p.order() < item.order() and p.written_ns <= written)
             ]:
                 del self._items[name]
 
@@ -65,8 +65,3 @@ class Unprotected:
         if not items:
             return 0.0
         return max(0.0, self._clock() - max(items, key=CheckpointReady.order).completed_mono)
-
-
-def _written(item: CheckpointReady) -> int:
-    """When the newest file of ``item`` was written (mtime, ns); 0 for none."""
-    return max((f.state.mtime_ns for f in item.files), default=0)
